@@ -1,0 +1,32 @@
+# Fresh-machine entry points: `make demo` and `make test` build their own .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.base:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	touch $@
+
+$(VENV)/.demo: $(VENV)/.base pyproject.toml
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base pyproject.toml
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.demo
+
+demo: $(VENV)/.demo
+	$(PY) examples/demo.py
+
+test: $(VENV)/.test
+	$(PY) -m ruff check langchain_tiered_memory tests benchmarks examples
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.test
+	$(PY) -m benchmarks.bench_hot_path
+
+clean:
+	rm -rf $(VENV) .tiered_memory

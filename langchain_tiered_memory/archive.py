@@ -1,0 +1,554 @@
+"""The archive tier: every message, durably, in MySQL (or SQLite embedded).
+
+The archive is the source of truth; every other tier is derived from it. Statements
+are built once by small query builders and run by either a sync or an async driver,
+so the sync and async methods share all of their logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import threading
+import weakref
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.sql import Executable
+
+from langchain_tiered_memory._validation import (
+    validate_id,
+    validate_messages,
+    validate_optional_id,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Pieces of a large payload are stored in their own rows, so that no single
+#: statement passes the server's ``max_allowed_packet`` (16 MB on MariaDB).
+CHUNK_CHARS = 512 * 1024
+
+_ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
+_ROLE_OF_TYPE = {
+    "HumanMessageChunk": "human",
+    "AIMessageChunk": "ai",
+    "ToolMessageChunk": "tool",
+    "SystemMessageChunk": "system",
+    "FunctionMessageChunk": "function",
+    "ChatMessageChunk": "chat",
+}
+
+
+class ArchiveUnavailableError(RuntimeError):
+    """The archive database could not be reached or refused the write."""
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    """One archived message with its bookkeeping columns."""
+
+    id: int
+    session_id: str
+    user_id: str | None
+    role: str
+    message: BaseMessage
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session in the archive: how many messages and when it was active."""
+
+    session_id: str
+    user_id: str | None
+    message_count: int
+    first_at: datetime
+    last_active: datetime
+
+
+def default_home() -> Path:
+    """The embedded defaults' folder: ``$TIERED_MEMORY_HOME`` or ``./.tiered_memory``."""
+    return Path(os.environ.get("TIERED_MEMORY_HOME") or ".tiered_memory")
+
+
+def role_of(message: BaseMessage) -> str:
+    """The archive's role column for a message (chunks count as their full type)."""
+    return _ROLE_OF_TYPE.get(message.type, message.type)
+
+
+# -- schema -------------------------------------------------------------------
+
+
+def _id_type() -> Any:
+    # SQLite only autoincrements an INTEGER PRIMARY KEY.
+    return BigInteger().with_variant(Integer, "sqlite")
+
+
+def _build_tables(metadata: MetaData, name: str) -> tuple[Table, Table]:
+    messages = Table(
+        name,
+        metadata,
+        Column("id", _id_type(), primary_key=True, autoincrement=True),
+        Column("session_id", String(255), nullable=False),
+        Column("user_id", String(255), nullable=True),
+        Column("role", String(32), nullable=False),
+        Column("message", Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")),
+        Column("parts", Integer, nullable=False, default=0),
+        Column(
+            "created_at",
+            DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"),
+            nullable=False,
+        ),
+        Index(f"ix_{name}_session_id_id", "session_id", "id"),
+        Index(f"ix_{name}_user_id", "user_id"),
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_bin",
+        mysql_engine="InnoDB",
+    )
+    parts = Table(
+        f"{name}_parts",
+        metadata,
+        Column("message_id", _id_type(), primary_key=True, autoincrement=False),
+        Column("seq", Integer, primary_key=True, autoincrement=False),
+        Column("data", Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")),
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_bin",
+        mysql_engine="InnoDB",
+    )
+    return messages, parts
+
+
+# -- plans: the shared logic of sync and async methods ------------------------
+#
+# A plan is a generator that yields statements and receives their results; a sync
+# or an async driver runs it inside one transaction.
+
+Plan = Generator[Executable, Any, T]
+
+
+def _run_sync(engine: Engine, plan: Plan[T]) -> T:
+    with engine.begin() as conn:
+        try:
+            statement = next(plan)
+            while True:
+                statement = plan.send(conn.execute(statement))
+        except StopIteration as stop:
+            return stop.value
+
+
+async def _run_async(engine: AsyncEngine, plan: Plan[T]) -> T:
+    async with engine.begin() as conn:
+        try:
+            statement = next(plan)
+            while True:
+                statement = plan.send(await conn.execute(statement))
+        except StopIteration as stop:
+            return stop.value
+
+
+def _encode(message: BaseMessage) -> list[str]:
+    payload = json.dumps(message_to_dict(message), ensure_ascii=False)
+    return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
+
+
+class MySQLBackup:
+    """Append-only archive of every chat message, in MySQL or SQLite.
+
+    Each message is stored with ``message_to_dict`` (tool calls, ids,
+    ``additional_kwargs`` and ``response_metadata`` survive), its session and user,
+    its role and its creation time to the microsecond, ordered by an autoincrement
+    id. Tables are created idempotently on first use. A batch of messages is
+    written in one transaction.
+
+    Args:
+        url: A SQLAlchemy URL or ``Engine``: ``mysql+pymysql://user:pw@host/db`` in
+            production, ``sqlite:///path.db`` embedded. ``None`` means a SQLite file
+            under ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``).
+        table_name: Name of the messages table (letters, digits and underscores).
+        engine_kwargs: Extra keyword arguments for ``create_engine``.
+
+    Example:
+        .. code-block:: python
+
+            backup = MySQLBackup("mysql+pymysql://app:secret@db:3306/chat")
+            backup.add_messages("s1", [HumanMessage("hi"), AIMessage("hello")])
+            backup.history("s1", limit=50)
+
+    """
+
+    def __init__(
+        self,
+        url: str | URL | Engine | None = None,
+        *,
+        table_name: str = "chat_messages",
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,48}", table_name):
+            msg = f"table_name {table_name!r} must be letters, digits and underscores"
+            raise ValueError(msg)
+        if url is None:
+            home = default_home()
+            home.mkdir(parents=True, exist_ok=True)
+            url = f"sqlite:///{home / 'archive.sqlite3'}"
+        if isinstance(url, Engine):
+            self.engine = url
+        else:
+            self.engine = create_engine(url, **_engine_defaults(make_url(url), engine_kwargs))
+        self.url: URL = self.engine.url
+        self.dialect = self.engine.dialect.name
+        if self.dialect == "sqlite":
+            _configure_sqlite(self.engine)
+        self.metadata = MetaData()
+        self.table, self.parts_table = _build_tables(self.metadata, table_name)
+        self._async_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._async_lock = threading.Lock()
+        self.create_tables()
+
+    def __repr__(self) -> str:
+        return f"MySQLBackup({self.url.render_as_string(hide_password=True)!r})"
+
+    # -- engines --------------------------------------------------------------
+
+    def create_tables(self) -> None:
+        """Create the archive's tables if they do not exist (idempotent)."""
+        self._guard(lambda: self.metadata.create_all(self.engine, checkfirst=True))
+
+    def async_engine(self) -> AsyncEngine:
+        """The async engine for the running event loop (one per loop).
+
+        Pooled async connections belong to the loop that opened them, so each loop
+        gets its own engine: ``aiosqlite`` for SQLite, ``aiomysql`` (PyMySQL
+        underneath) for MySQL.
+        """
+        loop = asyncio.get_running_loop()
+        with self._async_lock:
+            engine = self._async_engines.get(loop)
+            if engine is None:
+                engine = create_async_engine(_async_url(self.url), **_engine_defaults(self.url))
+                if self.dialect == "sqlite":
+                    _configure_sqlite(engine.sync_engine)
+                self._async_engines[loop] = engine
+            return engine
+
+    def run(self, plan: Plan[T]) -> T:
+        """Run a plan in one transaction on the sync engine."""
+        return self._guard(lambda: _run_sync(self.engine, plan))
+
+    async def arun(self, plan: Plan[T]) -> T:
+        """Run a plan in one transaction on this loop's async engine."""
+        try:
+            return await _run_async(self.async_engine(), plan)
+        except SQLAlchemyError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _guard(self, action: Any) -> Any:
+        try:
+            return action()
+        except SQLAlchemyError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: SQLAlchemyError) -> ArchiveUnavailableError:
+        where = self.url.render_as_string(hide_password=True)
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        return ArchiveUnavailableError(f"archive {where} failed: {reason}")
+
+    # -- plans ----------------------------------------------------------------
+
+    def _add_plan(
+        self, session_id: str, messages: Sequence[BaseMessage], user_id: str | None
+    ) -> Plan[list[int]]:
+        now = datetime.now(UTC).replace(tzinfo=None)
+        ids: list[int] = []
+        for message in messages:
+            pieces = _encode(message)
+            result = yield insert(self.table).values(
+                session_id=session_id,
+                user_id=user_id,
+                role=role_of(message),
+                message=pieces[0],
+                parts=len(pieces) - 1,
+                created_at=now,
+            )
+            message_id = int(result.inserted_primary_key[0])
+            for seq, piece in enumerate(pieces[1:], start=1):
+                yield insert(self.parts_table).values(message_id=message_id, seq=seq, data=piece)
+            ids.append(message_id)
+        return ids
+
+    def _load_plan(self, rows: Sequence[Any]) -> Plan[list[BaseMessage]]:
+        """Decode rows of (id, message, parts), fetching the pieces of large ones."""
+        extra: dict[int, list[str]] = {}
+        chunked = [row.id for row in rows if row.parts]
+        if chunked:
+            result = yield (
+                select(self.parts_table.c.message_id, self.parts_table.c.data)
+                .where(self.parts_table.c.message_id.in_(chunked))
+                .order_by(self.parts_table.c.message_id, self.parts_table.c.seq)
+            )
+            for message_id, data in result:
+                extra.setdefault(message_id, []).append(data)
+        payloads = [json.loads(row.message + "".join(extra.get(row.id, ()))) for row in rows]
+        return messages_from_dict(payloads)
+
+    def _tail_plan(self, session_id: str, turns: int) -> Plan[list[BaseMessage]]:
+        t = self.table
+        start = (
+            select(t.c.id)
+            .where(t.c.session_id == session_id, t.c.role == "human")
+            .order_by(t.c.id.desc())
+            .limit(1)
+            .offset(turns - 1)
+            .scalar_subquery()
+        )
+        result = yield (
+            select(t.c.id, t.c.message, t.c.parts)
+            .where(t.c.session_id == session_id, t.c.id >= func.coalesce(start, 0))
+            .order_by(t.c.id)
+        )
+        return (yield from self._load_plan(result.all()))
+
+    def _all_plan(self, session_id: str) -> Plan[list[BaseMessage]]:
+        t = self.table
+        result = yield (
+            select(t.c.id, t.c.message, t.c.parts)
+            .where(t.c.session_id == session_id)
+            .order_by(t.c.id)
+        )
+        return (yield from self._load_plan(result.all()))
+
+    def _history_plan(
+        self, session_id: str, before_id: int | None, limit: int
+    ) -> Plan[list[ArchivedMessage]]:
+        t = self.table
+        query = select(t).where(t.c.session_id == session_id)
+        if before_id is not None:
+            query = query.where(t.c.id < before_id)
+        result = yield query.order_by(t.c.id.desc()).limit(limit)
+        rows = list(reversed(result.all()))
+        messages = yield from self._load_plan(rows)
+        return [
+            ArchivedMessage(
+                id=row.id,
+                session_id=row.session_id,
+                user_id=row.user_id,
+                role=row.role,
+                message=message,
+                created_at=row.created_at,
+            )
+            for row, message in zip(rows, messages, strict=True)
+        ]
+
+    def _sessions_plan(self, user_id: str | None) -> Plan[list[SessionInfo]]:
+        t = self.table
+        query = select(
+            t.c.session_id,
+            func.max(t.c.user_id).label("user_id"),
+            func.count().label("message_count"),
+            func.min(t.c.created_at).label("first_at"),
+            func.max(t.c.created_at).label("last_active"),
+        ).group_by(t.c.session_id)
+        if user_id is not None:
+            query = query.where(t.c.user_id == user_id)
+        result = yield query.order_by(func.max(t.c.id).desc())
+        return [SessionInfo(**row._mapping) for row in result]
+
+    def _clear_plan(self, session_id: str) -> Plan[int]:
+        t, p = self.table, self.parts_table
+        yield delete(p).where(
+            p.c.message_id.in_(select(t.c.id).where(t.c.session_id == session_id))
+        )
+        result = yield delete(t).where(t.c.session_id == session_id)
+        return int(result.rowcount)
+
+    # -- public API -----------------------------------------------------------
+
+    def add_messages(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+    ) -> list[int]:
+        """Archive a batch of messages in one transaction.
+
+        Args:
+            session_id: The conversation the messages belong to.
+            messages: The messages, in order.
+            user_id: The user who owns the session, if known.
+
+        Returns:
+            The archive ids of the new rows, in order.
+
+        Raises:
+            ArchiveUnavailableError: If the database cannot be reached; nothing of
+                the batch is stored then.
+
+        """
+        session_id, messages, user_id = _check_add(session_id, messages, user_id)
+        return self.run(self._add_plan(session_id, messages, user_id))
+
+    async def aadd_messages(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+    ) -> list[int]:
+        """Async :meth:`add_messages`."""
+        session_id, messages, user_id = _check_add(session_id, messages, user_id)
+        return await self.arun(self._add_plan(session_id, messages, user_id))
+
+    def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns (a turn starts at a human message)."""
+        return self.run(self._tail_plan(validate_id(session_id), _positive(turns, "turns")))
+
+    async def atail(self, session_id: str, turns: int) -> list[BaseMessage]:
+        """Async :meth:`tail`."""
+        return await self.arun(self._tail_plan(validate_id(session_id), _positive(turns, "turns")))
+
+    def get_messages(self, session_id: str) -> list[BaseMessage]:
+        """Every archived message of a session, oldest first."""
+        return self.run(self._all_plan(validate_id(session_id)))
+
+    async def aget_messages(self, session_id: str) -> list[BaseMessage]:
+        """Async :meth:`get_messages`."""
+        return await self.arun(self._all_plan(validate_id(session_id)))
+
+    def history(
+        self, session_id: str, before_id: int | None = None, limit: int = 50
+    ) -> list[ArchivedMessage]:
+        """One page of a session's archive, oldest first, for a front end or an audit.
+
+        Args:
+            session_id: The session to read.
+            before_id: Only messages with a smaller id (pass the ``id`` of the first
+                message of the previous page to go back in time).
+            limit: At most this many messages: the newest ones before ``before_id``.
+
+        """
+        return self.run(
+            self._history_plan(validate_id(session_id), before_id, _positive(limit, "limit"))
+        )
+
+    async def ahistory(
+        self, session_id: str, before_id: int | None = None, limit: int = 50
+    ) -> list[ArchivedMessage]:
+        """Async :meth:`history`."""
+        return await self.arun(
+            self._history_plan(validate_id(session_id), before_id, _positive(limit, "limit"))
+        )
+
+    def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
+        """Sessions with their message counts and last activity, most recent first."""
+        return self.run(self._sessions_plan(validate_optional_id(user_id)))
+
+    async def asessions(self, user_id: str | None = None) -> list[SessionInfo]:
+        """Async :meth:`sessions`."""
+        return await self.arun(self._sessions_plan(validate_optional_id(user_id)))
+
+    def clear(self, session_id: str) -> int:
+        """Delete a session's messages from the archive; returns how many."""
+        return self.run(self._clear_plan(validate_id(session_id)))
+
+    async def aclear(self, session_id: str) -> int:
+        """Async :meth:`clear`."""
+        return await self.arun(self._clear_plan(validate_id(session_id)))
+
+    def dispose(self) -> None:
+        """Close the sync engine's pooled connections."""
+        self.engine.dispose()
+
+    async def adispose(self) -> None:
+        """Close the running loop's async engine and its pooled connections."""
+        with self._async_lock:
+            engine = self._async_engines.pop(asyncio.get_running_loop(), None)
+        if engine is not None:
+            await engine.dispose()
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def _check_add(
+    session_id: Any, messages: Any, user_id: Any
+) -> tuple[str, Sequence[BaseMessage], str | None]:
+    return (
+        validate_id(session_id),
+        validate_messages(messages),
+        validate_optional_id(user_id),
+    )
+
+
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{name} must be a positive int, got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _engine_defaults(url: URL, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if url.get_backend_name() in ("mysql", "mariadb"):
+        # Reconnect transparently after a server restart or an idle timeout.
+        kwargs.update(pool_pre_ping=True, pool_recycle=3600)
+    if url.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 30}
+    kwargs.update(extra or {})
+    return kwargs
+
+
+def _async_url(url: URL) -> URL:
+    backend = url.get_backend_name()
+    driver = _ASYNC_DRIVERS.get(backend)
+    if driver is None:
+        msg = f"no async driver is known for {backend!r}; use the sync methods"
+        raise NotImplementedError(msg)
+    if backend == "sqlite" and url.database in (None, "", ":memory:"):
+        msg = "an in-memory SQLite archive cannot be shared with async methods; use a file"
+        raise ValueError(msg)
+    return url.set(drivername=f"{backend}+{driver}")
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers; FULL sync so an acknowledged write survives."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()

@@ -1,0 +1,142 @@
+"""``TieredChatMessageHistory``: the per-session view that composes the tiers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import BaseMessage
+
+from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory.archive import MySQLBackup, default_home
+from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
+from langchain_tiered_memory.window import select_window
+
+_default_backups: dict[str, MySQLBackup] = {}
+_default_lock = threading.Lock()
+
+
+def default_backup() -> MySQLBackup:
+    """The embedded SQLite archive under ``$TIERED_MEMORY_HOME``, one per folder."""
+    key = str(default_home().resolve())
+    with _default_lock:
+        backup = _default_backups.get(key)
+        if backup is None:
+            backup = _default_backups[key] = MySQLBackup()
+        return backup
+
+
+class TieredChatMessageHistory(BaseChatMessageHistory):
+    """A chat history whose ``messages`` is a bounded window over a durable archive.
+
+    Every message is archived before :meth:`add_messages` returns. ``messages`` is
+    the window: the last ``window_turns`` turns, trimmed further, whole turns at a
+    time, to ``window_max_tokens``. A window never starts with an AI or tool message
+    and never keeps a tool result without the AI message that called it. The
+    archive is the source of truth, so a new instance or a new process shows the
+    same window.
+
+    Args:
+        session_id: The conversation. Untrusted input is fine: it is validated.
+        user_id: The user who owns the session, if known.
+        backup: The archive; ``None`` means a SQLite file under
+            ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``). A URL string is
+            accepted as a shortcut for ``MySQLBackup(url)``.
+        window_turns: How many recent turns the window holds.
+        window_max_tokens: The window's token budget; ``None`` for no budget.
+        token_counter: Counts tokens of a message list: a function of a list, a
+            function of one ``BaseMessage``, or a chat model. Defaults to
+            :func:`~langchain_tiered_memory.estimate_tokens`.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_core.runnables.history import RunnableWithMessageHistory
+
+            chat = RunnableWithMessageHistory(
+                chain,
+                lambda session_id: TieredChatMessageHistory(session_id, backup=backup),
+                input_messages_key="input",
+                history_messages_key="history",
+            )
+
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        backup: MySQLBackup | str | None = None,
+        window_turns: int = 10,
+        window_max_tokens: int | None = 8000,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
+        self.session_id = validate_id(session_id, "session_id")
+        self.user_id = validate_optional_id(user_id, "user_id")
+        if isinstance(backup, str):
+            backup = MySQLBackup(backup)
+        self.backup = backup if backup is not None else default_backup()
+        if isinstance(window_turns, bool) or not isinstance(window_turns, int) or window_turns < 1:
+            msg = f"window_turns must be a positive int, got {window_turns!r}"
+            raise ValueError(msg)
+        if window_max_tokens is not None and (
+            isinstance(window_max_tokens, bool)
+            or not isinstance(window_max_tokens, int)
+            or window_max_tokens < 1
+        ):
+            msg = f"window_max_tokens must be a positive int or None, got {window_max_tokens!r}"
+            raise ValueError(msg)
+        self.window_turns = window_turns
+        self.window_max_tokens = window_max_tokens
+        self._count_tokens = resolve_token_counter(token_counter)
+
+    def __repr__(self) -> str:
+        return (
+            f"TieredChatMessageHistory(session_id={self.session_id!r}, "
+            f"user_id={self.user_id!r}, backup={self.backup!r})"
+        )
+
+    def _window(self, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+        return select_window(
+            messages,
+            max_turns=self.window_turns,
+            max_tokens=self.window_max_tokens,
+            count_tokens=self._count_tokens,
+        )
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The window, oldest first."""
+        return self._window(self.backup.tail(self.session_id, self.window_turns))
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        """Async read of the window, oldest first."""
+        return self._window(await self.backup.atail(self.session_id, self.window_turns))
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Archive messages; returns only once they are durably stored.
+
+        Raises:
+            TypeError: If an element is not a ``BaseMessage``.
+            ArchiveUnavailableError: If the archive cannot be reached.
+
+        """
+        self.backup.add_messages(self.session_id, messages, user_id=self.user_id)
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Async :meth:`add_messages`."""
+        await self.backup.aadd_messages(self.session_id, messages, user_id=self.user_id)
+
+    def clear(self) -> None:
+        """Delete this session's messages from the archive."""
+        self.backup.clear(self.session_id)
+
+    async def aclear(self) -> None:
+        """Async :meth:`clear`."""
+        await self.backup.aclear(self.session_id)
+
+    def all_messages(self) -> list[BaseMessage]:
+        """Every archived message of the session, not just the window."""
+        return self.backup.get_messages(self.session_id)

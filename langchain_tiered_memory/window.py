@@ -1,0 +1,62 @@
+"""The window tier: the last K turns under a token budget, cut on turn boundaries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from langchain_tiered_memory.archive import role_of
+
+
+def split_turns(messages: Sequence[BaseMessage]) -> list[list[BaseMessage]]:
+    """Group messages into turns; a turn starts at a human message.
+
+    Messages before the first human message belong to no complete turn and are
+    dropped, so a window never starts with an AI, tool or system message.
+    """
+    turns: list[list[BaseMessage]] = []
+    for message in messages:
+        if role_of(message) == "human":
+            turns.append([message])
+        elif turns:
+            turns[-1].append(message)
+    return turns
+
+
+def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Remove tool results whose calling ``AIMessage`` is not in ``messages``."""
+    called: set[str] = set()
+    kept: list[BaseMessage] = []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            called.update(call["id"] for call in message.tool_calls if call.get("id"))
+        if isinstance(message, ToolMessage) and message.tool_call_id not in called:
+            continue
+        kept.append(message)
+    return kept
+
+
+def select_window(
+    messages: Sequence[BaseMessage],
+    *,
+    max_turns: int,
+    max_tokens: int | None,
+    count_tokens: Callable[[Sequence[BaseMessage]], int],
+) -> list[BaseMessage]:
+    """The newest whole turns that fit both ``max_turns`` and ``max_tokens``.
+
+    Turns are dropped whole, oldest first. As with ``trim_messages``, the budget is
+    a hard limit: if the newest turn alone is over it, the window is empty.
+    """
+    turns = split_turns(messages)[-max_turns:] if max_turns > 0 else []
+    kept: list[list[BaseMessage]] = []
+    total = 0
+    for turn in reversed(turns):
+        turn = drop_orphan_tool_messages(turn)
+        if max_tokens is not None:
+            total += count_tokens(turn)
+            if total > max_tokens:
+                break
+        kept.append(turn)
+    return [message for turn in reversed(kept) for message in turn]

@@ -1,0 +1,39 @@
+"""Stand-ins for an LLM: langchain-core's fake chat models, lightly extended."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatResult
+from pydantic import Field
+
+
+def replies(*texts: str) -> Iterator[AIMessage]:
+    """An endless iterator: the given replies, then ``reply N`` forever."""
+    yield from (AIMessage(text) for text in texts)
+    n = 0
+    while True:
+        n += 1
+        yield AIMessage(f"reply {n}")
+
+
+class RecordingChatModel(GenericFakeChatModel):
+    """A fake chat model that remembers every prompt it was sent."""
+
+    prompts: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.prompts.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+class CountingModel(GenericFakeChatModel):
+    """A fake chat model whose token count is one per character of content."""
+
+    def get_num_tokens_from_messages(
+        self, messages: Sequence[BaseMessage], tools: Any = None
+    ) -> int:
+        return sum(len(str(m.content)) for m in messages)

@@ -1,0 +1,386 @@
+"""TieredChatMessageHistory: the window, restarts, LCEL integration, concurrency, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    messages_from_dict,
+    messages_to_dict,
+)
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables.history import RunnableWithMessageHistory
+
+from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, estimate_tokens
+
+from .fakes import CountingModel, RecordingChatModel, replies
+
+
+def turn(n: int, *, tool: bool = False) -> list[BaseMessage]:
+    """One user turn: a question, optionally a tool round trip, and an answer."""
+    messages: list[BaseMessage] = [HumanMessage(f"question {n}")]
+    if tool:
+        call_id = f"call-{n}"
+        messages += [
+            AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
+            ToolMessage(f"result {n}", tool_call_id=call_id),
+        ]
+    messages.append(AIMessage(f"answer {n}"))
+    return messages
+
+
+def contents(messages: list[BaseMessage]) -> list[str]:
+    return [str(m.content) for m in messages]
+
+
+# -- the window -------------------------------------------------------------------
+
+
+def test_window_keeps_the_last_k_turns(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("w", backup=backup, window_turns=3)
+    for n in range(12):
+        history.add_messages(turn(n, tool=n % 2 == 0))
+    expected = turn(9) + turn(10, tool=True) + turn(11)
+    assert history.messages == expected
+    assert len(history.all_messages()) == 12 * 2 + 6 * 2
+
+
+def test_window_default_is_ten_turns(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("w", backup=backup)
+    for n in range(15):
+        history.add_messages(turn(n))
+    assert contents(history.messages)[0] == "question 5"
+    assert len(history.messages) == 20
+
+
+def test_window_with_odd_message_counts(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("odd", backup=backup, window_turns=2)
+    history.add_messages([AIMessage("welcome!")])  # a greeting before any question
+    assert history.messages == []  # never starts with an AI message
+    history.add_messages([HumanMessage("q1")])
+    assert contents(history.messages) == ["q1"]
+    history.add_messages([AIMessage("a1"), AIMessage("a1 continued")])
+    history.add_messages([HumanMessage("q2")])
+    history.add_messages([HumanMessage("q3"), AIMessage("a3")])
+    assert contents(history.messages) == ["q2", "q3", "a3"]
+
+
+def test_window_never_orphans_a_tool_message(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("tools", backup=backup, window_turns=1)
+    # A tool result whose call is missing (say, written by hand) is not shown.
+    history.add_messages(
+        [HumanMessage("q"), ToolMessage("orphan", tool_call_id="nope"), *turn(1, tool=True)[1:]]
+    )
+    window = history.messages
+    assert contents(window) == ["q", "", "result 1", "answer 1"]
+    assert not any(isinstance(m, ToolMessage) and m.tool_call_id == "nope" for m in window)
+    assert window[0].type == "human"
+
+
+def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
+    for n in range(5):
+        history.add_messages(turn(n, tool=True))
+    per_turn = estimate_tokens(turn(4, tool=True))
+    history.window_max_tokens = per_turn * 2 + 1
+    assert history.messages == turn(3, tool=True) + turn(4, tool=True)
+    assert estimate_tokens(history.messages) <= history.window_max_tokens
+
+
+def test_budget_smaller_than_one_turn_gives_an_empty_window(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("tiny", backup=backup, window_max_tokens=5)
+    history.add_messages([HumanMessage("a long question " * 20), AIMessage("answer")])
+    assert history.messages == []
+    assert len(history.all_messages()) == 2  # the archive still has everything
+
+
+def test_chinese_is_not_undercounted() -> None:
+    chinese = "应收账款表的结构包括发票号金额和到期日" * 10
+    assert estimate_tokens(chinese) >= len(chinese)  # about 1.3 per Han character
+    assert estimate_tokens(chinese) > len(chinese) / 4 * 3
+
+
+def test_token_counter_accepts_functions_and_models(backup: MySQLBackup) -> None:
+    for _n in range(3):
+        backup.add_messages("tc", [HumanMessage("x" * 10), AIMessage("y" * 10)])
+
+    def per_message(message: BaseMessage) -> int:
+        return len(str(message.content))
+
+    def per_list(messages: list[BaseMessage]) -> int:
+        return sum(len(str(m.content)) for m in messages)
+
+    model = CountingModel(messages=replies())
+    for counter in (per_message, per_list, model):
+        history = TieredChatMessageHistory(
+            "tc", backup=backup, window_max_tokens=40, token_counter=counter
+        )
+        assert len(history.messages) == 4, counter  # 20 characters per turn
+
+
+def test_bad_token_counter_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="token_counter"):
+        TieredChatMessageHistory("x", token_counter=42)
+
+
+# -- restarts ----------------------------------------------------------------------
+
+_CHILD = """
+import json, sys
+from langchain_core.messages import messages_to_dict, messages_from_dict
+from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+url, table, action = sys.argv[1:4]
+history = TieredChatMessageHistory("r", backup=MySQLBackup(url, table_name=table), window_turns=3)
+if action == "write":
+    history.add_messages(messages_from_dict(json.loads(sys.stdin.read())))
+print(json.dumps(messages_to_dict(history.messages)))
+"""
+
+
+def _child(url: str, table: str, action: str, stdin: str = "") -> list[BaseMessage]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, url, table, action],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    return messages_from_dict(json.loads(done.stdout))
+
+
+def test_window_is_restored_exactly_in_a_new_process(backup: MySQLBackup) -> None:
+    url = backup.url.render_as_string(hide_password=False)
+    history = TieredChatMessageHistory("r", backup=backup, window_turns=3)
+    for n in range(6):
+        history.add_messages(turn(n, tool=n == 4))
+    history.add_messages([HumanMessage("中文 🚀 and emoji")])
+    assert _child(url, backup.table.name, "read") == history.messages
+
+    # And the other way: a process writes, we (a new instance) read.
+    more = turn(7, tool=True)
+    written = _child(url, backup.table.name, "write", json.dumps(messages_to_dict(more)))
+    fresh = TieredChatMessageHistory(
+        "r", backup=MySQLBackup(url, table_name=backup.table.name), window_turns=3
+    )
+    assert fresh.messages == written == history.messages
+    assert fresh.messages[-4:] == more
+
+
+def test_default_archive_lives_under_tiered_memory_home(_home: Path) -> None:
+    history = TieredChatMessageHistory("s1")
+    history.add_messages([HumanMessage("hi"), AIMessage("hello")])
+    assert (_home / "archive.sqlite3").is_file()
+    assert TieredChatMessageHistory("s1").messages == [HumanMessage("hi"), AIMessage("hello")]
+
+
+def test_default_archive_without_env_is_dot_tiered_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TIERED_MEMORY_HOME")
+    monkeypatch.chdir(tmp_path)
+    TieredChatMessageHistory("s1").add_messages([HumanMessage("hi")])
+    assert (tmp_path / ".tiered_memory" / "archive.sqlite3").is_file()
+
+
+# -- RunnableWithMessageHistory ----------------------------------------------------
+
+
+def _chat(backup: MySQLBackup, model: RecordingChatModel) -> RunnableWithMessageHistory:
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are terse."), MessagesPlaceholder("history"), ("human", "{input}")]
+    )
+    return RunnableWithMessageHistory(
+        prompt | model,
+        lambda session_id: TieredChatMessageHistory(session_id, backup=backup, window_turns=2),
+        input_messages_key="input",
+        history_messages_key="history",
+    )
+
+
+def _cfg(session_id: str) -> dict:
+    return {"configurable": {"session_id": session_id}}
+
+
+def test_runnable_with_message_history_invoke_and_stream(backup: MySQLBackup) -> None:
+    model = RecordingChatModel(messages=replies("one", "two", "three streamed", "four"))
+    chat = _chat(backup, model)
+    assert chat.invoke({"input": "q1"}, config=_cfg("a")).content == "one"
+    assert chat.invoke({"input": "q1 in b"}, config=_cfg("b")).content == "two"
+    chunks = list(chat.stream({"input": "q2"}, config=_cfg("a")))
+    assert "".join(str(c.content) for c in chunks) == "three streamed"
+    chat.invoke({"input": "q3"}, config=_cfg("a"))
+
+    # The last prompt saw the window of session a only: 2 turns, then the question.
+    assert contents(model.prompts[-1]) == [
+        "You are terse.",
+        "q1",
+        "one",
+        "q2",
+        "three streamed",
+        "q3",
+    ]
+    assert contents(backup.get_messages("a")) == ["q1", "one", "q2", "three streamed", "q3", "four"]
+    assert contents(backup.get_messages("b")) == ["q1 in b", "two"]
+
+
+async def test_runnable_with_message_history_ainvoke_and_astream(backup: MySQLBackup) -> None:
+    model = RecordingChatModel(messages=replies())
+    chat = _chat(backup, model)
+    for n in range(3):
+        await chat.ainvoke({"input": f"a{n}"}, config=_cfg("x"))
+        await chat.ainvoke({"input": f"b{n}"}, config=_cfg("y"))
+    streamed = [c async for c in chat.astream({"input": "a3"}, config=_cfg("x"))]
+    assert "".join(str(c.content) for c in streamed) == "reply 7"
+    assert contents(model.prompts[-1])[1:] == ["a1", "reply 3", "a2", "reply 5", "a3"]
+    history = TieredChatMessageHistory("y", backup=backup)
+    assert contents(await history.aget_messages()) == [
+        "b0",
+        "reply 2",
+        "b1",
+        "reply 4",
+        "b2",
+        "reply 6",
+    ]
+    await backup.adispose()
+
+
+# -- concurrency --------------------------------------------------------------------
+
+
+def test_eight_threads_eight_sessions_nothing_lost_or_reordered(backup: MySQLBackup) -> None:
+    turns_each = 40
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            history = TieredChatMessageHistory(f"thread-{k}", backup=backup, window_turns=2)
+            for n in range(turns_each):
+                history.add_messages([HumanMessage(f"{k}:{n}"), AIMessage(f"{k}:{n}!")])
+                assert contents(history.messages)[-1] == f"{k}:{n}!"
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for k in range(8):
+        expected = [x for n in range(turns_each) for x in (f"{k}:{n}", f"{k}:{n}!")]
+        assert contents(backup.get_messages(f"thread-{k}")) == expected
+
+
+async def test_async_history_methods(backup: MySQLBackup) -> None:
+    history = TieredChatMessageHistory("async", backup=backup, window_turns=1)
+    await history.aadd_messages(turn(1))
+    await history.aadd_messages(turn(2, tool=True))
+    assert await history.aget_messages() == turn(2, tool=True)
+    await history.aclear()
+    assert await history.aget_messages() == []
+    assert backup.get_messages("async") == []
+    await backup.adispose()
+
+
+# -- bad input ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ("", "must not be empty"),
+        ("x" * 256, "is 256 characters long; the limit is 255"),
+        ("a\x00b", "control character U\\+0000 at position 1"),
+        ("line\nbreak", "control character U\\+000A"),
+        ("bell\x07", "control character U\\+0007"),
+        ("half \ud800", "lone surrogate"),
+    ],
+)
+def test_bad_ids_are_value_errors(backup: MySQLBackup, bad: str, problem: str) -> None:
+    backup.add_messages("good", [HumanMessage("kept")])
+    with pytest.raises(ValueError, match=f"session_id .*{problem}"):
+        TieredChatMessageHistory(bad, backup=backup)
+    with pytest.raises(ValueError, match=f"user_id .*{problem}"):
+        TieredChatMessageHistory("ok", user_id=bad, backup=backup)
+    with pytest.raises(ValueError, match=f"session_id .*{problem}"):
+        backup.add_messages(bad, [HumanMessage("never stored")])
+    assert backup.get_messages("good") == [HumanMessage("kept")]
+    assert [s.session_id for s in backup.sessions()] == ["good"]
+
+
+def test_non_string_ids_are_type_errors(backup: MySQLBackup) -> None:
+    with pytest.raises(TypeError, match="session_id must be a str, got int"):
+        TieredChatMessageHistory(7, backup=backup)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "x'; DROP TABLE chat_messages; --",
+        '" OR 1=1 --',
+        "../../etc/passwd",
+        "%_%",
+        "会话 🚀",
+        "x" * 255,
+    ],
+)
+def test_hostile_ids_are_plain_data(backup: MySQLBackup, hostile: str) -> None:
+    backup.add_messages("bystander", [HumanMessage("safe")])
+    history = TieredChatMessageHistory(hostile, user_id=hostile, backup=backup)
+    history.add_messages([HumanMessage("q"), AIMessage("a")])
+    assert contents(history.messages) == ["q", "a"]
+    assert [s.session_id for s in backup.sessions(user_id=hostile)] == [hostile]
+    assert backup.get_messages("bystander") == [HumanMessage("safe")]
+    assert backup.get_messages("%") == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["just a string"],
+        [{"role": "user", "content": "hi"}],
+        [HumanMessage("ok"), None],
+        "text",
+        HumanMessage("single"),
+    ],
+)
+def test_non_messages_are_type_errors(backup: MySQLBackup, bad: object) -> None:
+    history = TieredChatMessageHistory("t", backup=backup)
+    history.add_messages([HumanMessage("kept")])
+    with pytest.raises(TypeError, match="BaseMessage"):
+        history.add_messages(bad)  # type: ignore[arg-type]
+    assert history.all_messages() == [HumanMessage("kept")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"window_turns": 0}, "window_turns"),
+        ({"window_turns": "3"}, "window_turns"),
+        ({"window_max_tokens": -1}, "window_max_tokens"),
+    ],
+)
+def test_bad_settings_are_value_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        TieredChatMessageHistory("s", **kwargs)
+
+
+def test_system_messages_before_the_first_question_are_not_in_the_window(
+    backup: MySQLBackup,
+) -> None:
+    history = TieredChatMessageHistory("sys", backup=backup)
+    history.add_messages([SystemMessage("be nice"), HumanMessage("q"), AIMessage("a")])
+    assert contents(history.messages) == ["q", "a"]
