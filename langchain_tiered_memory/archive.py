@@ -22,16 +22,9 @@ from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from sqlalchemy import (
-    BigInteger,
-    Column,
-    DateTime,
+    Connection,
     Engine,
-    Index,
-    Integer,
     MetaData,
-    String,
-    Table,
-    Text,
     create_engine,
     delete,
     event,
@@ -39,7 +32,6 @@ from sqlalchemy import (
     insert,
     select,
 )
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -50,6 +42,8 @@ from langchain_tiered_memory._validation import (
     validate_messages,
     validate_optional_id,
 )
+from langchain_tiered_memory.jobs import enqueue_statement
+from langchain_tiered_memory.schema import build_tables
 
 logger = logging.getLogger(__name__)
 
@@ -107,46 +101,9 @@ def role_of(message: BaseMessage) -> str:
     return _ROLE_OF_TYPE.get(message.type, message.type)
 
 
-# -- schema -------------------------------------------------------------------
-
-
-def _id_type() -> Any:
-    # SQLite only autoincrements an INTEGER PRIMARY KEY.
-    return BigInteger().with_variant(Integer, "sqlite")
-
-
-def _build_tables(metadata: MetaData, name: str) -> tuple[Table, Table]:
-    messages = Table(
-        name,
-        metadata,
-        Column("id", _id_type(), primary_key=True, autoincrement=True),
-        Column("session_id", String(255), nullable=False),
-        Column("user_id", String(255), nullable=True),
-        Column("role", String(32), nullable=False),
-        Column("message", Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")),
-        Column("parts", Integer, nullable=False, default=0),
-        Column(
-            "created_at",
-            DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"),
-            nullable=False,
-        ),
-        Index(f"ix_{name}_session_id_id", "session_id", "id"),
-        Index(f"ix_{name}_user_id", "user_id"),
-        mysql_charset="utf8mb4",
-        mysql_collate="utf8mb4_bin",
-        mysql_engine="InnoDB",
-    )
-    parts = Table(
-        f"{name}_parts",
-        metadata,
-        Column("message_id", _id_type(), primary_key=True, autoincrement=False),
-        Column("seq", Integer, primary_key=True, autoincrement=False),
-        Column("data", Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")),
-        mysql_charset="utf8mb4",
-        mysql_collate="utf8mb4_bin",
-        mysql_engine="InnoDB",
-    )
-    return messages, parts
+def utcnow() -> datetime:
+    """Naive UTC now, as stored in the archive's timestamp columns."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 # -- plans: the shared logic of sync and async methods ------------------------
@@ -157,24 +114,28 @@ def _build_tables(metadata: MetaData, name: str) -> tuple[Table, Table]:
 Plan = Generator[Executable, Any, T]
 
 
-def _run_sync(engine: Engine, plan: Plan[T]) -> T:
-    with engine.begin() as conn:
-        try:
-            statement = next(plan)
-            while True:
-                statement = plan.send(conn.execute(statement))
-        except StopIteration as stop:
-            return stop.value
+def _run_sync(engine: Engine, plan: Plan[T], options: dict[str, Any]) -> T:
+    with engine.connect() as conn:
+        conn.execution_options(**options)
+        with conn.begin():
+            try:
+                statement = next(plan)
+                while True:
+                    statement = plan.send(conn.execute(statement))
+            except StopIteration as stop:
+                return stop.value
 
 
-async def _run_async(engine: AsyncEngine, plan: Plan[T]) -> T:
-    async with engine.begin() as conn:
-        try:
-            statement = next(plan)
-            while True:
-                statement = plan.send(await conn.execute(statement))
-        except StopIteration as stop:
-            return stop.value
+async def _run_async(engine: AsyncEngine, plan: Plan[T], options: dict[str, Any]) -> T:
+    async with engine.connect() as conn:
+        await conn.execution_options(**options)
+        async with conn.begin():
+            try:
+                statement = next(plan)
+                while True:
+                    statement = plan.send(await conn.execute(statement))
+            except StopIteration as stop:
+                return stop.value
 
 
 def _encode(message: BaseMessage) -> list[str]:
@@ -230,7 +191,8 @@ class MySQLBackup:
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine)
         self.metadata = MetaData()
-        self.table, self.parts_table = _build_tables(self.metadata, table_name)
+        self.tables = build_tables(self.metadata, table_name)
+        self.table, self.parts_table = self.tables.messages, self.tables.parts
         self._async_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
             weakref.WeakKeyDictionary()
         )
@@ -245,6 +207,13 @@ class MySQLBackup:
     def create_tables(self) -> None:
         """Create the archive's tables if they do not exist (idempotent)."""
         self._guard(lambda: self.metadata.create_all(self.engine, checkfirst=True))
+        self.run(self._lock_rows_plan())
+
+    def _lock_rows_plan(self) -> Plan[None]:
+        locks = self.tables.locks
+        existing = yield select(locks.c.name).where(locks.c.name == "claim")
+        if existing.first() is None:
+            yield insert(locks).values(name="claim")
 
     def async_engine(self) -> AsyncEngine:
         """The async engine for the running event loop (one per loop).
@@ -263,14 +232,28 @@ class MySQLBackup:
                 self._async_engines[loop] = engine
             return engine
 
-    def run(self, plan: Plan[T]) -> T:
-        """Run a plan in one transaction on the sync engine."""
-        return self._guard(lambda: _run_sync(self.engine, plan))
+    def _options(self, write: bool) -> dict[str, Any]:
+        if not write:
+            return {}
+        if self.dialect == "sqlite":
+            return {"sqlite_immediate": True}
+        # Writers that read first must see what other processes committed.
+        return {"isolation_level": "READ COMMITTED"}
 
-    async def arun(self, plan: Plan[T]) -> T:
+    def run(self, plan: Plan[T], *, write: bool = False) -> T:
+        """Run a plan in one transaction on the sync engine.
+
+        Args:
+            plan: A generator of statements (see the module docstring).
+            write: The plan reads, then writes on what it read: take the write lock
+                up front on SQLite, read committed data on MySQL.
+        """
+        return self._guard(lambda: _run_sync(self.engine, plan, self._options(write)))
+
+    async def arun(self, plan: Plan[T], *, write: bool = False) -> T:
         """Run a plan in one transaction on this loop's async engine."""
         try:
-            return await _run_async(self.async_engine(), plan)
+            return await _run_async(self.async_engine(), plan, self._options(write))
         except SQLAlchemyError as exc:
             raise self._unavailable(exc) from exc
 
@@ -288,9 +271,13 @@ class MySQLBackup:
     # -- plans ----------------------------------------------------------------
 
     def _add_plan(
-        self, session_id: str, messages: Sequence[BaseMessage], user_id: str | None
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        user_id: str | None,
+        jobs: Sequence[str] = (),
     ) -> Plan[list[int]]:
-        now = datetime.now(UTC).replace(tzinfo=None)
+        now = utcnow()
         ids: list[int] = []
         for message in messages:
             pieces = _encode(message)
@@ -306,6 +293,8 @@ class MySQLBackup:
             for seq, piece in enumerate(pieces[1:], start=1):
                 yield insert(self.parts_table).values(message_id=message_id, seq=seq, data=piece)
             ids.append(message_id)
+        for kind in jobs if ids else ():
+            yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[-1], now)
         return ids
 
     def _load_plan(self, rows: Sequence[Any]) -> Plan[list[BaseMessage]]:
@@ -385,12 +374,18 @@ class MySQLBackup:
         result = yield query.order_by(func.max(t.c.id).desc())
         return [SessionInfo(**row._mapping) for row in result]
 
-    def _clear_plan(self, session_id: str) -> Plan[int]:
+    def _delete_plan(self, session_id: str | None, user_id: str | None) -> Plan[int]:
         t, p = self.table, self.parts_table
-        yield delete(p).where(
-            p.c.message_id.in_(select(t.c.id).where(t.c.session_id == session_id))
-        )
-        result = yield delete(t).where(t.c.session_id == session_id)
+        scope = []
+        if session_id is not None:
+            scope.append(t.c.session_id == session_id)
+        if user_id is not None:
+            scope.append(t.c.user_id == user_id)
+        if not scope:
+            msg = "deleting from the archive needs a session_id or a user_id"
+            raise ValueError(msg)
+        yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
+        result = yield delete(t).where(*scope)
         return int(result.rowcount)
 
     # -- public API -----------------------------------------------------------
@@ -401,6 +396,7 @@ class MySQLBackup:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
+        jobs: Sequence[str] = (),
     ) -> list[int]:
         """Archive a batch of messages in one transaction.
 
@@ -408,6 +404,8 @@ class MySQLBackup:
             session_id: The conversation the messages belong to.
             messages: The messages, in order.
             user_id: The user who owns the session, if known.
+            jobs: Kinds of background jobs (``"extract"``, ``"consolidate"``) to
+                queue, in the same transaction, for the batch's last message.
 
         Returns:
             The archive ids of the new rows, in order.
@@ -418,7 +416,7 @@ class MySQLBackup:
 
         """
         session_id, messages, user_id = _check_add(session_id, messages, user_id)
-        return self.run(self._add_plan(session_id, messages, user_id))
+        return self.run(self._add_plan(session_id, messages, user_id, jobs))
 
     async def aadd_messages(
         self,
@@ -426,10 +424,11 @@ class MySQLBackup:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
+        jobs: Sequence[str] = (),
     ) -> list[int]:
         """Async :meth:`add_messages`."""
         session_id, messages, user_id = _check_add(session_id, messages, user_id)
-        return await self.arun(self._add_plan(session_id, messages, user_id))
+        return await self.arun(self._add_plan(session_id, messages, user_id, jobs))
 
     def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns (a turn starts at a human message)."""
@@ -481,11 +480,23 @@ class MySQLBackup:
 
     def clear(self, session_id: str) -> int:
         """Delete a session's messages from the archive; returns how many."""
-        return self.run(self._clear_plan(validate_id(session_id)))
+        return self.run(self._delete_plan(validate_id(session_id), None))
 
     async def aclear(self, session_id: str) -> int:
         """Async :meth:`clear`."""
-        return await self.arun(self._clear_plan(validate_id(session_id)))
+        return await self.arun(self._delete_plan(validate_id(session_id), None))
+
+    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+        """Delete every archived message of a session, of a user, or of both at once.
+
+        Use :meth:`ChromaLongMemory.forget` to remove a scope from every tier.
+        """
+        return self.run(
+            self._delete_plan(
+                validate_optional_id(session_id, "session_id"),
+                validate_optional_id(user_id, "user_id"),
+            )
+        )
 
     def dispose(self) -> None:
         """Close the sync engine's pooled connections."""
@@ -543,12 +554,23 @@ def _async_url(url: URL) -> URL:
 
 
 def _configure_sqlite(engine: Engine) -> None:
-    """WAL for concurrent readers; FULL sync so an acknowledged write survives."""
+    """WAL for concurrent readers; FULL sync so an acknowledged write survives.
+
+    We emit BEGIN ourselves (SQLAlchemy's documented recipe) so that writers can
+    take the write lock up front with BEGIN IMMEDIATE and never fail on a stale
+    read snapshot.
+    """
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("sqlite_immediate")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

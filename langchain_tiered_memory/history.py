@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import BaseMessage
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, BaseMessage
 
 from langchain_tiered_memory._validation import validate_id, validate_optional_id
 from langchain_tiered_memory.archive import MySQLBackup, default_home
 from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
 from langchain_tiered_memory.window import select_window
+
+if TYPE_CHECKING:
+    from langchain_tiered_memory.long_memory import ChromaLongMemory
 
 _default_backups: dict[str, MySQLBackup] = {}
 _default_lock = threading.Lock()
@@ -43,6 +48,9 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         backup: The archive; ``None`` means a SQLite file under
             ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``). A URL string is
             accepted as a shortcut for ``MySQLBackup(url)``.
+        long_memory: The long-term tier; each completed turn (one ending in an AI
+            message without tool calls) queues an extraction job in the same
+            transaction as its messages. Must share this history's archive.
         window_turns: How many recent turns the window holds.
         window_max_tokens: The window's token budget; ``None`` for no budget.
         token_counter: Counts tokens of a message list: a function of a list, a
@@ -69,6 +77,7 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         *,
         user_id: str | None = None,
         backup: MySQLBackup | str | None = None,
+        long_memory: ChromaLongMemory | None = None,
         window_turns: int = 10,
         window_max_tokens: int | None = 8000,
         token_counter: TokenCounter | None = None,
@@ -78,6 +87,13 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         if isinstance(backup, str):
             backup = MySQLBackup(backup)
         self.backup = backup if backup is not None else default_backup()
+        if long_memory is not None and long_memory.backup is not self.backup:
+            msg = (
+                "long_memory must use the history's archive (its job queue lives there): "
+                "pass the same backup= to both"
+            )
+            raise ValueError(msg)
+        self.long_memory = long_memory
         if isinstance(window_turns, bool) or not isinstance(window_turns, int) or window_turns < 1:
             msg = f"window_turns must be a positive int, got {window_turns!r}"
             raise ValueError(msg)
@@ -123,11 +139,44 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             ArchiveUnavailableError: If the archive cannot be reached.
 
         """
-        self.backup.add_messages(self.session_id, messages, user_id=self.user_id)
+        self.backup.add_messages(
+            self.session_id, messages, user_id=self.user_id, jobs=self._jobs(messages)
+        )
+        self._notify()
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Async :meth:`add_messages`."""
-        await self.backup.aadd_messages(self.session_id, messages, user_id=self.user_id)
+        await self.backup.aadd_messages(
+            self.session_id, messages, user_id=self.user_id, jobs=self._jobs(messages)
+        )
+        self._notify()
+
+    def _jobs(self, messages: Sequence[BaseMessage]) -> list[str]:
+        if self.long_memory is None or not isinstance(messages, Sequence) or not messages:
+            return []
+        last = messages[-1]
+        finished = isinstance(last, AIMessage) and not last.tool_calls
+        return ["extract"] if finished else []
+
+    def _notify(self) -> None:
+        if self.long_memory is not None:
+            self.long_memory.notify()
+
+    def search_memories(
+        self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"
+    ) -> list[Document]:
+        """Long-term memories of this session (or, with ``scope="user"``, its user).
+
+        Raises:
+            ValueError: If no ``long_memory`` was given, or ``scope="user"`` without
+                a ``user_id``.
+        """
+        if self.long_memory is None:
+            msg = "search_memories needs a long_memory (ChromaLongMemory)"
+            raise ValueError(msg)
+        return self.long_memory.search(
+            query, session_id=self.session_id, user_id=self.user_id, scope=scope, k=k
+        )
 
     def clear(self) -> None:
         """Delete this session's messages from the archive."""

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from langchain_core.embeddings import Embeddings
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatResult
 from pydantic import Field
+
+from langchain_tiered_memory.lexical import tokenize
 
 
 def replies(*texts: str) -> Iterator[AIMessage]:
@@ -37,3 +42,24 @@ class CountingModel(GenericFakeChatModel):
         self, messages: Sequence[BaseMessage], tools: Any = None
     ) -> int:
         return sum(len(str(m.content)) for m in messages)
+
+
+class HashEmbeddings(Embeddings):
+    """Deterministic bag-of-words vectors: fast, and similar texts are similar."""
+
+    languages = None  # treated as knowing every language
+    dims = 256
+
+    def _vector(self, text: str) -> list[float]:
+        vector = [0.0] * self.dims
+        for token in tokenize(text) or [text]:
+            digest = hashlib.md5(token.encode("utf-8", "surrogatepass")).digest()
+            vector[int.from_bytes(digest[:4], "little") % self.dims] += 1.0
+        norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+        return [x / norm for x in vector]
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [self._vector(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._vector(text)

@@ -1,0 +1,128 @@
+"""The lexical side of hybrid retrieval: CJK-aware BM25 and rank fusion.
+
+Chroma's local mode has no sparse index ("Sparse vector indexing is not enabled in
+local"), so BM25 is computed here, over the scope's memories. Chinese has no
+spaces: Han runs are indexed as characters and character bigrams.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+
+_TOKEN = re.compile(r"[a-z0-9]+|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[\u3040-\u30ff]+")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+STOPWORDS = frozenset(
+    "a an and are as at be been but by did do does for from had has have he her hers "
+    "him his how i if in into is it its just me my of on or our she so than that the their "
+    "them then there these they this to was we were what when where which who whom why will "
+    "with would you your yours yes no not too very can could should also about up out".split()
+)
+ZH_STOPWORDS = frozenset("的了是我你他她它们在有和就不也都这那啊吗呢吧")
+
+
+def _stem(word: str) -> str:
+    # A light suffix strip: enough to match "invoices" with "invoice".
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased, stemmed words; Han runs as single characters and bigrams."""
+    tokens: list[str] = []
+    for piece in _TOKEN.findall(text.lower()):
+        if _HAN.match(piece):
+            tokens.extend(c for c in piece if c not in ZH_STOPWORDS)
+            tokens.extend(a + b for a, b in pairwise(piece))
+        elif piece not in STOPWORDS:
+            tokens.append(_stem(piece))
+    return tokens
+
+
+def cjk_share(text: str) -> float:
+    """The share of Han characters among the non-space characters of ``text``."""
+    visible = sum(1 for c in text if not c.isspace())
+    return len(_HAN.findall(text)) / visible if visible else 0.0
+
+
+class BM25Index:
+    """An in-memory Okapi BM25 index with append-only updates.
+
+    Args:
+        k1: Term-frequency saturation.
+        b: Length normalisation.
+    """
+
+    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1 = k1
+        self.b = b
+        self.ids: list[str] = []
+        self.lengths: list[int] = []
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        self.total_length = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, doc_id: str, text: str) -> None:
+        """Index one document."""
+        index = len(self.ids)
+        tokens = tokenize(text)
+        self.ids.append(doc_id)
+        self.lengths.append(len(tokens))
+        self.total_length += len(tokens)
+        for term, count in Counter(tokens).items():
+            self.postings.setdefault(term, []).append((index, count))
+
+    def extend(self, docs: Iterable[tuple[str, str]]) -> None:
+        """Index several ``(id, text)`` pairs."""
+        for doc_id, text in docs:
+            self.add(doc_id, text)
+
+    def search(self, query: str, n: int) -> list[tuple[str, float]]:
+        """The ``n`` best ``(id, score)`` pairs for ``query``."""
+        if not self.ids:
+            return []
+        size = len(self.ids)
+        average = self.total_length / size or 1.0
+        scores: dict[int, float] = {}
+        for term, query_count in Counter(tokenize(query)).items():
+            postings = self.postings.get(term)
+            if not postings:
+                continue
+            df = len(postings)
+            idf = math.log(1 + (size - df + 0.5) / (df + 0.5))
+            weight = idf * (1 + math.log(query_count))
+            k1, b, lengths = self.k1, self.b, self.lengths
+            for index, tf in postings:
+                norm = tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[index] / average))
+                scores[index] = scores.get(index, 0.0) + weight * norm
+        best = sorted(scores.items(), key=lambda item: -item[1])[:n]
+        return [(self.ids[index], score) for index, score in best]
+
+
+def fuse(
+    rankings: Sequence[tuple[Sequence[str], float]], *, k: int = 60
+) -> list[tuple[str, float]]:
+    """Weighted reciprocal rank fusion of ranked id lists.
+
+    Args:
+        rankings: ``(ids best first, weight)`` pairs; a weight of 0 ignores a list.
+        k: The RRF constant.
+
+    Returns:
+        ``(id, fused score)`` pairs, best first.
+    """
+    scores: dict[str, float] = {}
+    for ids, weight in rankings:
+        if weight <= 0:
+            continue
+        for rank, doc_id in enumerate(ids):
+            scores[doc_id] = scores.get(doc_id, 0.0) + weight / (k + rank + 1)
+    return sorted(scores.items(), key=lambda item: -item[1])

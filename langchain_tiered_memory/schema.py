@@ -1,0 +1,126 @@
+"""The archive database's tables, all derived from one base name.
+
+``<name>`` holds the messages, ``<name>_parts`` the pieces of large ones,
+``<name>_jobs`` the durable work queue, ``<name>_memories`` the catalog of long-term
+memories (Chroma holds their vectors and is rebuilt from it), and ``<name>_locks``
+the rows that serialise queue claims across processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+
+_MYSQL = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mysql_engine": "InnoDB"}
+
+
+def _id() -> Any:
+    # SQLite only autoincrements an INTEGER PRIMARY KEY.
+    return BigInteger().with_variant(Integer, "sqlite")
+
+
+def _long_text() -> Any:
+    return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+def _timestamp() -> Any:
+    return DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def _ident() -> Any:
+    return String(255)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The archive's tables."""
+
+    messages: Table
+    parts: Table
+    jobs: Table
+    memories: Table
+    locks: Table
+
+
+def build_tables(metadata: MetaData, name: str) -> Tables:
+    """Define the archive's tables on ``metadata`` under the base name ``name``."""
+    messages = Table(
+        name,
+        metadata,
+        Column("id", _id(), primary_key=True, autoincrement=True),
+        Column("session_id", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=True),
+        Column("role", String(32), nullable=False),
+        Column("message", _long_text(), nullable=False),
+        Column("parts", Integer, nullable=False, default=0),
+        Column("created_at", _timestamp(), nullable=False),
+        Index(f"ix_{name}_session_id_id", "session_id", "id"),
+        Index(f"ix_{name}_user_id", "user_id"),
+        **_MYSQL,
+    )
+    parts = Table(
+        f"{name}_parts",
+        metadata,
+        Column("message_id", _id(), primary_key=True, autoincrement=False),
+        Column("seq", Integer, primary_key=True, autoincrement=False),
+        Column("data", _long_text(), nullable=False),
+        **_MYSQL,
+    )
+    jobs = Table(
+        f"{name}_jobs",
+        metadata,
+        Column("id", _id(), primary_key=True, autoincrement=True),
+        Column("kind", String(32), nullable=False),
+        Column("session_id", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=True),
+        Column("last_message_id", BigInteger, nullable=False),
+        Column("state", String(16), nullable=False, default="pending"),
+        Column("attempts", Integer, nullable=False, default=0),
+        Column("not_before", _timestamp(), nullable=False),
+        Column("lease_until", _timestamp(), nullable=True),
+        Column("worker", String(128), nullable=True),
+        Column("last_error", Text, nullable=True),
+        Column("created_at", _timestamp(), nullable=False),
+        Index(f"ix_{name}_jobs_state_id", "state", "id"),
+        Index(f"ix_{name}_jobs_session_id_id", "session_id", "id"),
+        **_MYSQL,
+    )
+    memories = Table(
+        f"{name}_memories",
+        metadata,
+        Column("seq", _id(), primary_key=True, autoincrement=True),
+        Column("id", String(64), nullable=False, unique=True),
+        Column("session_id", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=True),
+        Column("content_hash", String(64), nullable=False),
+        Column("text", _long_text(), nullable=False),
+        Column("kind", String(16), nullable=False),
+        Column("source_ids", Text, nullable=False),
+        Column("turn_at", _timestamp(), nullable=False),
+        Column("created_at", _timestamp(), nullable=False),
+        UniqueConstraint("session_id", "content_hash", name=f"uq_{name}_memories_hash"),
+        Index(f"ix_{name}_memories_user_id_seq", "user_id", "seq"),
+        Index(f"ix_{name}_memories_session_id_seq", "session_id", "seq"),
+        **_MYSQL,
+    )
+    locks = Table(
+        f"{name}_locks",
+        metadata,
+        Column("name", String(64), primary_key=True),
+        **_MYSQL,
+    )
+    return Tables(messages=messages, parts=parts, jobs=jobs, memories=memories, locks=locks)
