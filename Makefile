@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The CPU build: this machine kind keeps its wheel on disk (PIP_FIND_LINKS); a bare
+# `torch` requirement would pull a multi-GB CUDA build instead.
+TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint bench clean
 
@@ -15,7 +18,8 @@ $(VENV)/.demo: $(VENV)/.base pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base pyproject.toml
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet '$(TORCH)'
+	$(PY) -m pip install --quiet -e '.[dev,chroma,offline-embeddings]'
 	touch $@ $(VENV)/.demo
 
 demo: $(VENV)/.demo

@@ -10,13 +10,23 @@ from langchain_tiered_memory.archive import (
     MySQLBackup,
     SessionInfo,
 )
+from langchain_tiered_memory.compression import ContextCompressor, ContextOverflowError
+from langchain_tiered_memory.consolidation import MemoryConsolidator
 from langchain_tiered_memory.history import TieredChatMessageHistory
+from langchain_tiered_memory.long_memory import ChromaLongMemory, LongMemoryRetriever
+from langchain_tiered_memory.session_files import SessionFileArchive
 from langchain_tiered_memory.tokens import estimate_tokens
 
 __all__ = [
     "ArchiveUnavailableError",
     "ArchivedMessage",
+    "ChromaLongMemory",
+    "ContextCompressor",
+    "ContextOverflowError",
+    "LongMemoryRetriever",
+    "MemoryConsolidator",
     "MySQLBackup",
+    "SessionFileArchive",
     "SessionInfo",
     "TieredChatMessageHistory",
     "estimate_tokens",

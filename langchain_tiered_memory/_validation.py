@@ -6,6 +6,8 @@ are validated once, at the edge, with errors that name the problem.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -66,3 +68,15 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
             )
             raise TypeError(msg)
     return result
+
+
+def safe_filename(value: str) -> str:
+    """A file name for an id that can never leave its folder.
+
+    Letters, digits, ``-``, ``_`` and ``.`` are kept (leading dots dropped, so
+    no ``..``), the rest become ``_``, and a short hash of the original keeps
+    distinct ids distinct: ``../x`` and ``__x`` never share a file.
+    """
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", value).lstrip(".")[:80] or "_"
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{readable}-{digest}"

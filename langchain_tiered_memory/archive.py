@@ -8,13 +8,14 @@ so the sync and async methods share all of their logic.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import re
 import threading
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,12 +43,14 @@ from langchain_tiered_memory._validation import (
     validate_messages,
     validate_optional_id,
 )
-from langchain_tiered_memory.jobs import enqueue_statement
+from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
 from langchain_tiered_memory.schema import build_tables
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+#: ``hook(session_ids, session_id, user_id)``: a tier's part of :meth:`MySQLBackup.forget`.
+ForgetHook = Callable[[Sequence[str], "str | None", "str | None"], None]
 
 #: Pieces of a large payload are stored in their own rows, so that no single
 #: statement passes the server's ``max_allowed_packet`` (16 MB on MariaDB).
@@ -114,28 +117,42 @@ def utcnow() -> datetime:
 Plan = Generator[Executable, Any, T]
 
 
-def _run_sync(engine: Engine, plan: Plan[T], options: dict[str, Any]) -> T:
+def _drive(plan: Plan[T], execute: Callable[[Executable], Any]) -> T:
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(execute(statement))
+    except StopIteration as stop:
+        return stop.value
+
+
+def _run_sync(engine: Engine, plan: Plan[T], options: dict[str, Any], read_only: bool) -> T:
     with engine.connect() as conn:
         conn.execution_options(**options)
+        if read_only:  # no BEGIN/COMMIT round trips; the pool rolls back on return
+            return _drive(plan, conn.execute)
         with conn.begin():
-            try:
-                statement = next(plan)
-                while True:
-                    statement = plan.send(conn.execute(statement))
-            except StopIteration as stop:
-                return stop.value
+            return _drive(plan, conn.execute)
 
 
-async def _run_async(engine: AsyncEngine, plan: Plan[T], options: dict[str, Any]) -> T:
+async def _run_async(
+    engine: AsyncEngine, plan: Plan[T], options: dict[str, Any], read_only: bool
+) -> T:
     async with engine.connect() as conn:
         await conn.execution_options(**options)
+        if read_only:
+            return await _adrive(plan, conn)
         async with conn.begin():
-            try:
-                statement = next(plan)
-                while True:
-                    statement = plan.send(await conn.execute(statement))
-            except StopIteration as stop:
-                return stop.value
+            return await _adrive(plan, conn)
+
+
+async def _adrive(plan: Plan[T], conn: Any) -> T:
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(await conn.execute(statement))
+    except StopIteration as stop:
+        return stop.value
 
 
 def _encode(message: BaseMessage) -> list[str]:
@@ -197,6 +214,7 @@ class MySQLBackup:
             weakref.WeakKeyDictionary()
         )
         self._async_lock = threading.Lock()
+        self._forget_hooks: list[Callable[[], ForgetHook | None]] = []
         self.create_tables()
 
     def __repr__(self) -> str:
@@ -232,28 +250,31 @@ class MySQLBackup:
                 self._async_engines[loop] = engine
             return engine
 
-    def _options(self, write: bool) -> dict[str, Any]:
-        if not write:
-            return {}
+    def _options(self, write: bool, read_only: bool) -> dict[str, Any]:
         if self.dialect == "sqlite":
-            return {"sqlite_immediate": True}
+            if read_only:
+                return {"sqlite_begin": None}
+            return {"sqlite_begin": "BEGIN IMMEDIATE" if write else "BEGIN"}
         # Writers that read first must see what other processes committed.
-        return {"isolation_level": "READ COMMITTED"}
+        return {"isolation_level": "READ COMMITTED"} if write else {}
 
-    def run(self, plan: Plan[T], *, write: bool = False) -> T:
+    def run(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
         """Run a plan in one transaction on the sync engine.
 
         Args:
             plan: A generator of statements (see the module docstring).
             write: The plan reads, then writes on what it read: take the write lock
                 up front on SQLite, read committed data on MySQL.
+            read_only: The plan only reads: no explicit transaction.
         """
-        return self._guard(lambda: _run_sync(self.engine, plan, self._options(write)))
+        options = self._options(write, read_only)
+        return self._guard(lambda: _run_sync(self.engine, plan, options, read_only))
 
-    async def arun(self, plan: Plan[T], *, write: bool = False) -> T:
+    async def arun(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
         """Run a plan in one transaction on this loop's async engine."""
+        options = self._options(write, read_only)
         try:
-            return await _run_async(self.async_engine(), plan, self._options(write))
+            return await _run_async(self.async_engine(), plan, options, read_only)
         except SQLAlchemyError as exc:
             raise self._unavailable(exc) from exc
 
@@ -276,6 +297,7 @@ class MySQLBackup:
         messages: Sequence[BaseMessage],
         user_id: str | None,
         jobs: Sequence[str] = (),
+        consolidate_after: int | None = None,
     ) -> Plan[list[int]]:
         now = utcnow()
         ids: list[int] = []
@@ -295,6 +317,10 @@ class MySQLBackup:
             ids.append(message_id)
         for kind in jobs if ids else ():
             yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[-1], now)
+        if consolidate_after is not None and ids:
+            yield from backlog_enqueue_plan(
+                self.tables, "consolidate", session_id, user_id, ids[-1], consolidate_after, now
+            )
         return ids
 
     def _load_plan(self, rows: Sequence[Any]) -> Plan[list[BaseMessage]]:
@@ -313,18 +339,19 @@ class MySQLBackup:
         return messages_from_dict(payloads)
 
     def _tail_plan(self, session_id: str, turns: int) -> Plan[list[BaseMessage]]:
+        # Two steps, so that MySQL can range-scan (session_id, id) from the start.
         t = self.table
-        start = (
+        start = yield (
             select(t.c.id)
             .where(t.c.session_id == session_id, t.c.role == "human")
             .order_by(t.c.id.desc())
             .limit(1)
             .offset(turns - 1)
-            .scalar_subquery()
         )
+        first = start.scalar() or 0
         result = yield (
             select(t.c.id, t.c.message, t.c.parts)
-            .where(t.c.session_id == session_id, t.c.id >= func.coalesce(start, 0))
+            .where(t.c.session_id == session_id, t.c.id >= first)
             .order_by(t.c.id)
         )
         return (yield from self._load_plan(result.all()))
@@ -374,19 +401,43 @@ class MySQLBackup:
         result = yield query.order_by(func.max(t.c.id).desc())
         return [SessionInfo(**row._mapping) for row in result]
 
-    def _delete_plan(self, session_id: str | None, user_id: str | None) -> Plan[int]:
+    def _delete_plan(
+        self, session_id: str | None, user_id: str | None, derived: bool = False
+    ) -> Plan[int]:
+        """Delete a scope's messages; with ``derived``, also its jobs and derived rows."""
         t, p = self.table, self.parts_table
-        scope = []
-        if session_id is not None:
-            scope.append(t.c.session_id == session_id)
-        if user_id is not None:
-            scope.append(t.c.user_id == user_id)
-        if not scope:
+        if session_id is None and user_id is None:
             msg = "deleting from the archive needs a session_id or a user_id"
             raise ValueError(msg)
+        tables = self.tables
+        for table in (
+            (tables.jobs, tables.memories, tables.consolidation, tables.history_log)
+            if derived
+            else ()
+        ):
+            yield delete(table).where(*_scope(table, session_id, user_id))
+        scope = _scope(t, session_id, user_id)
         yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
         result = yield delete(t).where(*scope)
         return int(result.rowcount)
+
+    def _sessions_in_scope_plan(
+        self, session_id: str | None, user_id: str | None
+    ) -> Plan[list[str]]:
+        found: set[str] = set()
+        for table in (
+            self.table,
+            self.tables.jobs,
+            self.tables.memories,
+            self.tables.consolidation,
+        ):
+            result = (
+                yield select(table.c.session_id)
+                .where(*_scope(table, session_id, user_id))
+                .distinct()
+            )
+            found.update(result.scalars())
+        return sorted(found)
 
     # -- public API -----------------------------------------------------------
 
@@ -397,6 +448,7 @@ class MySQLBackup:
         *,
         user_id: str | None = None,
         jobs: Sequence[str] = (),
+        consolidate_after: int | None = None,
     ) -> list[int]:
         """Archive a batch of messages in one transaction.
 
@@ -406,6 +458,8 @@ class MySQLBackup:
             user_id: The user who owns the session, if known.
             jobs: Kinds of background jobs (``"extract"``, ``"consolidate"``) to
                 queue, in the same transaction, for the batch's last message.
+            consolidate_after: Also queue a ``consolidate`` job when the session
+                has more than this many messages not yet consolidated.
 
         Returns:
             The archive ids of the new rows, in order.
@@ -416,7 +470,7 @@ class MySQLBackup:
 
         """
         session_id, messages, user_id = _check_add(session_id, messages, user_id)
-        return self.run(self._add_plan(session_id, messages, user_id, jobs))
+        return self.run(self._add_plan(session_id, messages, user_id, jobs, consolidate_after))
 
     async def aadd_messages(
         self,
@@ -425,14 +479,19 @@ class MySQLBackup:
         *,
         user_id: str | None = None,
         jobs: Sequence[str] = (),
+        consolidate_after: int | None = None,
     ) -> list[int]:
         """Async :meth:`add_messages`."""
         session_id, messages, user_id = _check_add(session_id, messages, user_id)
-        return await self.arun(self._add_plan(session_id, messages, user_id, jobs))
+        return await self.arun(
+            self._add_plan(session_id, messages, user_id, jobs, consolidate_after)
+        )
 
     def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns (a turn starts at a human message)."""
-        return self.run(self._tail_plan(validate_id(session_id), _positive(turns, "turns")))
+        return self.run(
+            self._tail_plan(validate_id(session_id), _positive(turns, "turns")), read_only=True
+        )
 
     async def atail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """Async :meth:`tail`."""
@@ -440,11 +499,11 @@ class MySQLBackup:
 
     def get_messages(self, session_id: str) -> list[BaseMessage]:
         """Every archived message of a session, oldest first."""
-        return self.run(self._all_plan(validate_id(session_id)))
+        return self.run(self._all_plan(validate_id(session_id)), read_only=True)
 
     async def aget_messages(self, session_id: str) -> list[BaseMessage]:
         """Async :meth:`get_messages`."""
-        return await self.arun(self._all_plan(validate_id(session_id)))
+        return await self.arun(self._all_plan(validate_id(session_id)), read_only=True)
 
     def history(
         self, session_id: str, before_id: int | None = None, limit: int = 50
@@ -486,17 +545,39 @@ class MySQLBackup:
         """Async :meth:`clear`."""
         return await self.arun(self._delete_plan(validate_id(session_id), None))
 
-    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
-        """Delete every archived message of a session, of a user, or of both at once.
+    def on_forget(self, hook: ForgetHook) -> None:
+        """Register a tier's cleanup for :meth:`forget` (Chroma vectors, files)."""
+        # Weakly, so a closed tier can be collected; its hook then falls away.
+        ref = weakref.WeakMethod(hook) if inspect.ismethod(hook) else (lambda: hook)
+        self._forget_hooks.append(ref)
 
-        Use :meth:`ChromaLongMemory.forget` to remove a scope from every tier.
+    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+        """Remove a session, a user, or one user's session from every tier.
+
+        Jobs go first, so nothing new is derived; then each registered tier
+        removes its part (Chroma memories page by page, MEMORY.md files); then the
+        memory catalog, the consolidated documents and the archived messages.
+
+        Returns:
+            How many archived messages were removed.
         """
-        return self.run(
-            self._delete_plan(
-                validate_optional_id(session_id, "session_id"),
-                validate_optional_id(user_id, "user_id"),
-            )
-        )
+        session_id = validate_optional_id(session_id, "session_id")
+        user_id = validate_optional_id(user_id, "user_id")
+        if session_id is None and user_id is None:
+            msg = "forget needs a session_id or a user_id"
+            raise ValueError(msg)
+        jobs = self.tables.jobs
+        sessions = self.run(self._sessions_in_scope_plan(session_id, user_id))
+
+        def drop_jobs() -> Plan[None]:
+            yield delete(jobs).where(*_scope(jobs, session_id, user_id))
+
+        self.run(drop_jobs(), write=True)
+        for ref in list(self._forget_hooks):
+            hook = ref()
+            if hook is not None:
+                hook(sessions, session_id, user_id)
+        return self.run(self._delete_plan(session_id, user_id, derived=True), write=True)
 
     def dispose(self) -> None:
         """Close the sync engine's pooled connections."""
@@ -521,6 +602,15 @@ def _check_add(
         validate_messages(messages),
         validate_optional_id(user_id),
     )
+
+
+def _scope(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:
+    conditions = []
+    if session_id is not None:
+        conditions.append(table.c.session_id == session_id)
+    if user_id is not None:
+        conditions.append(table.c.user_id == user_id)
+    return conditions
 
 
 def _positive(value: Any, name: str) -> int:
@@ -572,5 +662,6 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        immediate = conn.get_execution_options().get("sqlite_immediate")
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        statement = conn.get_execution_options().get("sqlite_begin", "BEGIN")
+        if statement:  # None: an autocommit read
+            conn.exec_driver_sql(statement)

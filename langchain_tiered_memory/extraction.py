@@ -41,7 +41,11 @@ def detect_language(messages: Sequence[BaseMessage]) -> str:
 
 
 def format_turn(messages: Sequence[BaseMessage], language: str) -> str:
-    """The turn as ``User: ...`` / ``AI: ...`` lines (tool traffic left out)."""
+    """The turn as ``User: ...`` / ``AI: ...`` lines (tool traffic left out).
+
+    A message's ``name``, when set, replaces the generic label, so who said what
+    survives into the memory.
+    """
     user, ai = LABELS[language]
     lines = []
     for message in messages:
@@ -49,9 +53,9 @@ def format_turn(messages: Sequence[BaseMessage], language: str) -> str:
         if not text:
             continue
         if isinstance(message, HumanMessage) or role_of(message) == "human":
-            lines.append(f"{user}: {text}")
+            lines.append(f"{message.name or user}: {text}")
         elif isinstance(message, AIMessage) or role_of(message) == "ai":
-            lines.append(f"{ai}: {text}")
+            lines.append(f"{message.name or ai}: {text}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,9 @@ from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
 from langchain_tiered_memory.window import select_window
 
 if TYPE_CHECKING:
+    from langchain_tiered_memory.consolidation import MemoryConsolidator
     from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.session_files import SessionFileArchive
 
 _default_backups: dict[str, MySQLBackup] = {}
 _default_lock = threading.Lock()
@@ -47,10 +49,14 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         user_id: The user who owns the session, if known.
         backup: The archive; ``None`` means a SQLite file under
             ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``). A URL string is
-            accepted as a shortcut for ``MySQLBackup(url)``.
+            accepted as a shortcut for ``MySQLBackup(url)``; a
+            ``SessionFileArchive`` keeps the design's JSON session files instead.
         long_memory: The long-term tier; each completed turn (one ending in an AI
             message without tool calls) queues an extraction job in the same
             transaction as its messages. Must share this history's archive.
+        consolidator: The MEMORY.md tier; a consolidation job is queued when the
+            session's unconsolidated backlog passes its threshold. Must share this
+            history's archive.
         window_turns: How many recent turns the window holds.
         window_max_tokens: The window's token budget; ``None`` for no budget.
         token_counter: Counts tokens of a message list: a function of a list, a
@@ -76,8 +82,9 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         session_id: str,
         *,
         user_id: str | None = None,
-        backup: MySQLBackup | str | None = None,
+        backup: MySQLBackup | SessionFileArchive | str | None = None,
         long_memory: ChromaLongMemory | None = None,
+        consolidator: MemoryConsolidator | None = None,
         window_turns: int = 10,
         window_max_tokens: int | None = 8000,
         token_counter: TokenCounter | None = None,
@@ -87,13 +94,15 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         if isinstance(backup, str):
             backup = MySQLBackup(backup)
         self.backup = backup if backup is not None else default_backup()
-        if long_memory is not None and long_memory.backup is not self.backup:
-            msg = (
-                "long_memory must use the history's archive (its job queue lives there): "
-                "pass the same backup= to both"
-            )
-            raise ValueError(msg)
+        for name, tier in (("long_memory", long_memory), ("consolidator", consolidator)):
+            if tier is not None and tier.backup is not self.backup:
+                msg = (
+                    f"{name} must use the history's archive (its job queue lives there): "
+                    "pass the same backup= to both"
+                )
+                raise ValueError(msg)
         self.long_memory = long_memory
+        self.consolidator = consolidator
         if isinstance(window_turns, bool) or not isinstance(window_turns, int) or window_turns < 1:
             msg = f"window_turns must be a positive int, got {window_turns!r}"
             raise ValueError(msg)
@@ -140,14 +149,22 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
 
         """
         self.backup.add_messages(
-            self.session_id, messages, user_id=self.user_id, jobs=self._jobs(messages)
+            self.session_id,
+            messages,
+            user_id=self.user_id,
+            jobs=self._jobs(messages),
+            consolidate_after=self._consolidate_after,
         )
         self._notify()
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Async :meth:`add_messages`."""
         await self.backup.aadd_messages(
-            self.session_id, messages, user_id=self.user_id, jobs=self._jobs(messages)
+            self.session_id,
+            messages,
+            user_id=self.user_id,
+            jobs=self._jobs(messages),
+            consolidate_after=self._consolidate_after,
         )
         self._notify()
 
@@ -158,9 +175,19 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         finished = isinstance(last, AIMessage) and not last.tool_calls
         return ["extract"] if finished else []
 
+    @property
+    def _consolidate_after(self) -> int | None:
+        return self.consolidator.threshold if self.consolidator is not None else None
+
     def _notify(self) -> None:
-        if self.long_memory is not None:
-            self.long_memory.notify()
+        for tier in (self.long_memory, self.consolidator):
+            if tier is not None:
+                tier.notify()
+
+    @property
+    def consolidated_memory(self) -> str:
+        """The session's MEMORY.md ("" without a consolidator or before its first run)."""
+        return self.consolidator.memory(self.session_id) if self.consolidator else ""
 
     def search_memories(
         self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"

@@ -8,20 +8,27 @@ exponential backoff. Finished jobs are deleted, so the table stays small.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Table, and_, delete, exists, func, insert, or_, select, update
 
 if TYPE_CHECKING:
     from langchain_tiered_memory.archive import MySQLBackup, Plan
+    from langchain_tiered_memory.schema import Tables
+
+logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,68 @@ def enqueue_statement(
         not_before=now,
         created_at=now,
     )
+
+
+def backlog_enqueue_plan(
+    tables: Tables,
+    kind: str,
+    session_id: str,
+    user_id: str | None,
+    last_message_id: int,
+    threshold: int,
+    now: datetime,
+) -> Plan[bool]:
+    """Queue a ``kind`` job when a session's backlog passes ``threshold`` messages.
+
+    The backlog is what lies past the session's consolidation cursor; nothing is
+    queued while such a job is already waiting.
+    """
+    m, c, j = tables.messages, tables.consolidation, tables.jobs
+    cursor = yield select(c.c.cursor).where(c.c.session_id == session_id)
+    after = cursor.scalar() or 0
+    backlog = yield select(func.count()).select_from(
+        select(m.c.id)
+        .where(m.c.session_id == session_id, m.c.id > after)
+        .limit(threshold + 1)
+        .subquery()
+    )
+    if backlog.scalar_one() <= threshold:
+        return False
+    waiting = (
+        yield select(j.c.id)
+        .where(j.c.session_id == session_id, j.c.kind == kind, j.c.state != "done")
+        .limit(1)
+    )
+    if waiting.first() is not None:
+        return False
+    yield enqueue_statement(j, kind, session_id, user_id, last_message_id, now)
+    return True
+
+
+def call_with_timeout(fn: Callable[[], T], timeout: float) -> T:
+    """Run ``fn`` in a daemon thread so a hung LLM call cannot hold the worker.
+
+    Raises:
+        TimeoutError: If ``fn`` has not returned after ``timeout`` seconds (it is
+            left to finish on its own; its result is dropped).
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="tiered-memory-llm-call")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        msg = f"the LLM did not answer within {timeout:g} s"
+        raise TimeoutError(msg)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def new_worker_id() -> str:
@@ -220,3 +289,112 @@ class JobQueue:
     def depth(self) -> int:
         """How many jobs of this queue's kinds are not finished."""
         return self.backup.run(self._depth_plan())
+
+
+class QueueWorker:
+    """Runs the jobs of a :class:`JobQueue` in a background thread.
+
+    Subclasses implement :meth:`_process`. The thread re-drives the jobs of dead
+    workers on start, wakes at once on :meth:`notify` (jobs of this process) and
+    polls every ``poll_interval`` seconds (jobs of other processes).
+
+    Args:
+        queue: The queue to drain.
+        poll_interval: Seconds between polls when idle.
+        batch_size: Jobs claimed per round.
+        start: Start the thread now.
+    """
+
+    def __init__(
+        self, queue: JobQueue, *, poll_interval: float, batch_size: int, start: bool
+    ) -> None:
+        self.queue = queue
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self._work_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    def _process(self, jobs: Sequence[Job]) -> int:
+        """Handle claimed jobs; return how many were finished."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the background worker (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"tiered-memory-{type(self).__name__}", daemon=True
+        )
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Tell the worker that new jobs were queued."""
+        self._wake.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the worker after its current batch; pending jobs stay queued."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> QueueWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        try:
+            self.queue.reclaim_dead()
+        except Exception:
+            logger.exception("could not re-drive the jobs of dead workers")
+        while not self._stop.is_set():
+            try:
+                busy = self.run_pending(max_batches=1) > 0
+            except Exception:
+                logger.exception("%s failed; retrying", type(self).__name__)
+                busy = False
+            if not busy:
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+
+    def run_pending(self, max_batches: int | None = None) -> int:
+        """Process queued jobs in this thread; returns how many were finished."""
+        finished = 0
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            with self._work_lock:
+                jobs = self.queue.claim(self.batch_size)
+                if not jobs:
+                    break
+                finished += self._process(jobs)
+            batches += 1
+        return finished
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued job of this worker's kinds is processed.
+
+        Raises:
+            TimeoutError: If jobs are still queued after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        if self._thread is None or not self._thread.is_alive():
+            self.queue.reclaim_dead()
+        while True:
+            if self._thread is None or not self._thread.is_alive():
+                self.run_pending()
+            depth = self.queue.depth()
+            if depth == 0:
+                return
+            if time.monotonic() >= deadline:
+                msg = f"{depth} {'/'.join(self.queue.kinds)} jobs still queued after {timeout:g} s"
+                raise TimeoutError(msg)
+            self._wake.set()
+            time.sleep(0.02)

@@ -17,15 +17,13 @@ import hashlib
 import json
 import logging
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -35,7 +33,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory._validation import validate_id
 from langchain_tiered_memory.archive import MySQLBackup, Plan, default_home, role_of, utcnow
 from langchain_tiered_memory.extraction import (
     detect_language,
@@ -43,13 +41,15 @@ from langchain_tiered_memory.extraction import (
     format_turn,
     parse_extraction,
 )
-from langchain_tiered_memory.jobs import Job, JobQueue
+from langchain_tiered_memory.jobs import Job, JobQueue, QueueWorker, call_with_timeout
 from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse
 
 logger = logging.getLogger(__name__)
 
 Scope = Literal["session", "user"]
 PAGE = 100  # Chroma and many stores cap a delete page; stay well under it.
+CONTEXT_CHARS = 2000
+TURN_SCAN = 500  # messages looked at to find where a turn starts
 
 
 @dataclass
@@ -61,7 +61,15 @@ class _Memory:
     source_ids: list[int]
     turn_at: datetime
     content_hash: str
+    context: str | None = None
     vector: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int
+    message: BaseMessage
+    created_at: datetime
 
 
 @dataclass
@@ -77,27 +85,6 @@ def _hash(*parts: str) -> str:
 
 def _normalise(text: str) -> str:
     return " ".join(text.split()).lower()
-
-
-def _call_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
-    """Run ``fn`` in a daemon thread; a hung call cannot hold the worker."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True, name="tiered-memory-extract")
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        msg = f"the extractor did not answer within {timeout:g} s"
-        raise TimeoutError(msg)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _chroma_settings() -> Any:
@@ -118,7 +105,7 @@ def _import_chromadb() -> Any:
     return chromadb
 
 
-class ChromaLongMemory:
+class ChromaLongMemory(QueueWorker):
     """Long-term semantic memory in ChromaDB, fed by a durable background worker.
 
     Args:
@@ -145,6 +132,9 @@ class ChromaLongMemory:
         poll_interval: Seconds between queue polls when idle (other processes'
             jobs); this process's own jobs wake the worker at once.
         batch_size: Jobs claimed per round.
+        dense_weight: Weight of dense similarity against BM25 in the fused score
+            (0 is lexical only). Chinese queries ignore the dense side when the
+            embedding declares it knows no Chinese.
         start_worker: Start the background worker now (it re-drives pending jobs
             left by a crash). With ``False``, call :meth:`run_pending` yourself.
         lease_seconds: How long a claim lasts if its worker vanishes silently.
@@ -177,6 +167,7 @@ class ChromaLongMemory:
         retry_base_delay: float = 1.0,
         poll_interval: float = 1.0,
         batch_size: int = 64,
+        dense_weight: float = 0.6,
         start_worker: bool = True,
         lease_seconds: float = 300.0,
     ) -> None:
@@ -196,7 +187,9 @@ class ChromaLongMemory:
         self.backup = backup
         self.client = self._make_client(client, persist_directory, host, port)
         self.collection = self.client.get_or_create_collection(
-            collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+            collection_name,
+            embedding_function=None,
+            metadata={"hnsw:space": "cosine", "hnsw:search_ef": 128, "hnsw:construction_ef": 128},
         )
         if embedding is None:
             from langchain_tiered_memory.embeddings import MiniLMEmbeddings
@@ -209,18 +202,17 @@ class ChromaLongMemory:
         self.max_attempts = max_attempts
         self.extract_timeout = extract_timeout
         self.retry_base_delay = retry_base_delay
-        self.poll_interval = poll_interval
-        self.batch_size = batch_size
-        self.queue = JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds)
+        self.dense_weight = dense_weight
         self.memories = backup.tables.memories
         self._scopes: OrderedDict[tuple[str, str], _ScopeIndex] = OrderedDict()
         self._scopes_lock = threading.Lock()
-        self._work_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if start_worker:
-            self.start()
+        backup.on_forget(self._forget_memories)
+        super().__init__(
+            JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds),
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+            start=start_worker,
+        )
 
     # -- setup ----------------------------------------------------------------
 
@@ -243,108 +235,40 @@ class ChromaLongMemory:
         """Languages the embedding model knows, if it says; ``None`` means any."""
         return getattr(self.embedding, "languages", None)
 
-    # -- worker ---------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the background worker (idempotent)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._worker_loop, name="tiered-memory-worker", daemon=True
-        )
-        self._thread.start()
-
-    def notify(self) -> None:
-        """Tell the worker that new jobs were queued."""
-        self._wake.set()
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the worker after its current batch; pending jobs stay queued."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def __enter__(self) -> ChromaLongMemory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _worker_loop(self) -> None:
-        try:
-            self.queue.reclaim_dead()
-        except Exception:
-            logger.exception("could not re-drive the jobs of dead workers")
-        while not self._stop.is_set():
-            try:
-                busy = self.run_pending(max_batches=1) > 0
-            except Exception:
-                logger.exception("long-term memory worker failed; retrying")
-                busy = False
-            if not busy:
-                self._wake.wait(self.poll_interval)
-                self._wake.clear()
-
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every queued extraction job is processed.
-
-        Raises:
-            TimeoutError: If jobs are still queued after ``timeout`` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._thread is None or not self._thread.is_alive():
-                self.run_pending()
-            depth = self.queue.depth()
-            if depth == 0:
-                return
-            if time.monotonic() >= deadline:
-                msg = f"{depth} long-term memory jobs still queued after {timeout:g} s"
-                raise TimeoutError(msg)
-            self._wake.set()
-            time.sleep(0.02)
-
-    def run_pending(self, max_batches: int | None = None) -> int:
-        """Process queued jobs in this thread; returns how many were finished."""
-        finished = 0
-        batches = 0
-        while max_batches is None or batches < max_batches:
-            with self._work_lock:
-                jobs = self.queue.claim(self.batch_size)
-                if not jobs:
-                    break
-                finished += self._process(jobs)
-            batches += 1
-        return finished
-
     # -- processing -----------------------------------------------------------
 
-    def _turn_plan(self, job: Job) -> Plan[list[tuple[int, BaseMessage, datetime]]]:
+    def _turn_plan(self, job: Job) -> Plan[tuple[list[_Row], list[_Row]]]:
+        """The job's turn and the turn before it (for context), oldest first.
+
+        A turn is a run of human messages and everything after it up to the job's
+        message, so two questions sent before one answer belong to one turn.
+        """
         t = self.backup.table
-        start = (
-            select(func.max(t.c.id))
-            .where(
-                t.c.session_id == job.session_id,
-                t.c.role == "human",
-                t.c.id <= job.last_message_id,
-            )
-            .scalar_subquery()
+        recent = yield (
+            select(t.c.id, t.c.role)
+            .where(t.c.session_id == job.session_id, t.c.id <= job.last_message_id)
+            .order_by(t.c.id.desc())
+            .limit(TURN_SCAN)
         )
+        ids_roles = recent.all()[::-1]
+        starts = _turn_starts([role for _, role in ids_roles])
+        if not starts:
+            return [], []
+        current = ids_roles[starts[-1]][0]
+        first = ids_roles[starts[-2] if len(starts) > 1 else starts[-1]][0]
         result = yield (
             select(t.c.id, t.c.message, t.c.parts, t.c.created_at)
             .where(
                 t.c.session_id == job.session_id,
                 t.c.id <= job.last_message_id,
-                t.c.id >= func.coalesce(start, job.last_message_id),
+                t.c.id >= first,
             )
             .order_by(t.c.id)
         )
         rows = result.all()
         messages = yield from self.backup._load_plan(rows)
-        return [(row.id, m, row.created_at) for row, m in zip(rows, messages, strict=True)]
+        loaded = [_Row(r.id, m, r.created_at) for r, m in zip(rows, messages, strict=True)]
+        return [r for r in loaded if r.id < current], [r for r in loaded if r.id >= current]
 
     def _extract(self, job: Job, turn: Sequence[BaseMessage]) -> tuple[str | None, str]:
         """The memory text of a turn and its kind (``extracted`` or ``raw``)."""
@@ -352,7 +276,7 @@ class ChromaLongMemory:
         if self.extractor is None or job.attempts >= self.max_attempts:
             return format_turn(turn, language) or None, "raw"
         prompt = extraction_prompt(turn, language)
-        answer = _call_with_timeout(lambda: self.extractor.invoke(prompt), self.extract_timeout)
+        answer = call_with_timeout(lambda: self.extractor.invoke(prompt), self.extract_timeout)
         return parse_extraction(answer), "extracted"
 
     def _process(self, jobs: Sequence[Job]) -> int:
@@ -364,8 +288,11 @@ class ChromaLongMemory:
             if job.session_id in failed_sessions:
                 skipped.append(job.id)  # keeps the session's order
                 continue
-            turn = self.backup.run(self._turn_plan(job))
-            messages = [m for _, m, _ in turn if role_of(m) in ("human", "ai")]
+            before, turn = self.backup.run(self._turn_plan(job))
+            if not turn:  # its messages were deleted (clear or forget)
+                empty.append(job)
+                continue
+            messages = [r.message for r in turn if role_of(r.message) in ("human", "ai")]
             try:
                 text, kind = self._extract(job, messages) if messages else (None, "raw")
             except Exception as exc:
@@ -381,14 +308,21 @@ class ChromaLongMemory:
                     job=job,
                     text=text,
                     kind=kind,
-                    source_ids=[message_id for message_id, _, _ in turn],
-                    turn_at=turn[0][2],
+                    source_ids=[r.id for r in turn],
+                    turn_at=turn[0].created_at,
                     content_hash=_hash(_normalise(text)),
+                    context=self._context(before),
                 )
             )
         self.queue.release(skipped)
         self._store(fresh, empty)
         return len(fresh) + len(empty)
+
+    def _context(self, before: Sequence[_Row]) -> str | None:
+        messages = [r.message for r in before if role_of(r.message) in ("human", "ai")]
+        if not messages:
+            return None
+        return format_turn(messages, self.language or detect_language(messages))[:CONTEXT_CHARS]
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -458,14 +392,16 @@ class ChromaLongMemory:
             group = [m for m in fresh if m.job.session_id == session_id]
             found = self.collection.query(
                 query_embeddings=[m.vector for m in group],
-                n_results=1,
+                n_results=2,
                 where={"session_id": session_id},
                 include=["distances"],
             )
             for memory, ids, distances in zip(group, found["ids"], found["distances"], strict=True):
                 target = known.get((session_id, memory.content_hash))
-                if target is None and ids and 1 - distances[0] >= self.dedupe_threshold:
-                    target = ids[0]
+                # A re-driven job finds its own vector (left by a crashed worker): skip it.
+                others = [(i, d) for i, d in zip(ids, distances, strict=True) if i != memory.id]
+                if target is None and others and 1 - others[0][1] >= self.dedupe_threshold:
+                    target = others[0][0]
                 if target is None:
                     for other in kept.get(session_id, ()):
                         if other.content_hash == memory.content_hash or (
@@ -508,6 +444,7 @@ class ChromaLongMemory:
                 user_id=memory.job.user_id,
                 content_hash=memory.content_hash,
                 text=memory.text,
+                context=memory.context,
                 kind=memory.kind,
                 source_ids=json.dumps(memory.source_ids),
                 turn_at=memory.turn_at,
@@ -590,7 +527,7 @@ class ChromaLongMemory:
                 if index.version[0] + len(rows) != version[0]:  # deletions: rebuild
                     index = _ScopeIndex()
                     rows = self.backup.run(rows_plan(0))
-                index.bm25.extend((row.id, row.text) for row in rows)
+                index.bm25.extend((row.id, f"{row.text}\n{row.context or ''}") for row in rows)
                 index.rows.update((row.id, row) for row in rows)
                 index.version = version
             self._scopes[key] = index
@@ -610,9 +547,10 @@ class ChromaLongMemory:
     ) -> list[Document]:
         """The ``k`` memories of a scope most relevant to ``query``.
 
-        Dense similarity and CJK-aware BM25 are fused by reciprocal rank; when the
-        query is Chinese and the embedding model knows no Chinese, the dense side
-        is left out so it cannot drag the ranking down.
+        Dense similarity and CJK-aware BM25 are blended (see
+        :func:`~langchain_tiered_memory.lexical.fuse`); when the query is Chinese
+        and the embedding model knows no Chinese, the dense side is left out so it
+        cannot drag the ranking down.
 
         Args:
             query: What to look for.
@@ -637,23 +575,50 @@ class ChromaLongMemory:
         if not index.rows:
             return []
         pool = max(4 * k, 40)
-        dense_weight = 1.0
+        dense_weight = self.dense_weight
         if cjk_share(query) > 0.3 and self.languages is not None and "zh" not in self.languages:
             dense_weight = 0.0
-        dense_ids: list[str] = []
+        dense: dict[str, float] = {}
+        lexical = dict(index.bm25.search(query, pool))
         if dense_weight:
+            vector = self.embedding.embed_query(query)
             found = self.collection.query(
-                query_embeddings=[self.embedding.embed_query(query)],
+                query_embeddings=[vector],
                 n_results=min(pool, len(index.rows)),
                 where=where,
-                include=[],
+                include=["distances"],
             )
-            dense_ids = [i for i in found["ids"][0] if i in index.rows]
-        lexical_ids = [doc_id for doc_id, _ in index.bm25.search(query, pool)]
-        if not dense_ids and not lexical_ids:
-            dense_ids = list(index.rows)[-k:][::-1]  # nothing matches: the newest
-        ranked = fuse([(dense_ids, dense_weight), (lexical_ids, 1.0)])[:k]
-        return [self._document(index.rows[doc_id], score) for doc_id, score in ranked]
+            dense = {
+                doc_id: 1.0 - distance
+                for doc_id, distance in zip(found["ids"][0], found["distances"][0], strict=True)
+                if doc_id in index.rows
+            }
+            # Lexical hits outside the dense pool still get their true similarity.
+            dense.update(self._similarities(vector, [i for i in lexical if i not in dense]))
+        ranked = fuse(dense, lexical, dense_weight=dense_weight)[:k]
+        if not ranked:  # nothing matches at all: the newest memories
+            ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
+        rows = self._fresh_rows([doc_id for doc_id, _ in ranked])
+        return [self._document(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+
+    def _similarities(self, vector: Sequence[float], ids: list[str]) -> dict[str, float]:
+        if not ids:
+            return {}
+        found = self.collection.get(ids=ids, include=["embeddings"])
+        return {
+            doc_id: _cosine(vector, embedding)
+            for doc_id, embedding in zip(found["ids"], found["embeddings"], strict=True)
+        }
+
+    def _fresh_rows(self, ids: list[str]) -> dict[str, Any]:
+        """Catalog rows as they are now: provenance may have grown since caching."""
+        c = self.memories.c
+
+        def plan() -> Plan[dict[str, Any]]:
+            result = yield select(self.memories).where(c.id.in_(ids))
+            return {row.id: row for row in result}
+
+        return self.backup.run(plan(), read_only=True) if ids else {}
 
     @staticmethod
     def _document(row: Any, score: float) -> Document:
@@ -713,27 +678,24 @@ class ChromaLongMemory:
     def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
         """Remove a session's or a user's data from every tier.
 
-        Jobs go first (so nothing new is extracted), then memories (from the
-        catalog and from Chroma, page by page, always with the scope filter), then
-        the archived messages. The collection is never reset.
+        The same as ``backup.forget(...)``: jobs go first (so nothing new is
+        extracted), then memories (from Chroma, page by page, always with the scope
+        filter, and from the catalog), consolidated documents and files, and the
+        archived messages. The collection is never reset.
 
         Returns:
-            How many memories were removed.
+            How many archived messages were removed.
         """
-        if session_id is None and user_id is None:
-            msg = "forget needs a session_id or a user_id"
-            raise ValueError(msg)
-        session_id = validate_optional_id(session_id, "session_id")
-        user_id = validate_optional_id(user_id, "user_id")
-        tables = self.backup.tables
-        self.backup.run(self._forget_rows_plan(tables.jobs, session_id, user_id))
-        removed = 0
+        return self.backup.forget(session_id=session_id, user_id=user_id)
+
+    def _forget_memories(
+        self, session_ids: Sequence[str], session_id: str | None, user_id: str | None
+    ) -> None:
         c = self.memories.c
         while True:
 
             def page_plan() -> Plan[list[str]]:
-                query = select(c.id).where(_matches(c, session_id, user_id)).limit(PAGE)
-                result = yield query
+                result = yield select(c.id).where(_matches(c, session_id, user_id)).limit(PAGE)
                 return [row.id for row in result]
 
             ids = self.backup.run(page_plan())
@@ -745,21 +707,14 @@ class ChromaLongMemory:
                 yield delete(self.memories).where(c.id.in_(ids))
 
             self.backup.run(delete_plan())
-            removed += len(ids)
         where = _chroma_where(session_id, user_id)
         while True:  # vectors whose catalog row never committed
             orphans = self.collection.get(where=where, limit=PAGE, include=[])["ids"]
             if not orphans:
                 break
             self.collection.delete(ids=orphans)
-        self.backup.forget(session_id=session_id, user_id=user_id)
         with self._scopes_lock:
             self._scopes.clear()
-        return removed
-
-    @staticmethod
-    def _forget_rows_plan(table: Any, session_id: str | None, user_id: str | None) -> Plan[None]:
-        yield delete(table).where(_matches(table.c, session_id, user_id))
 
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the Chroma collection from the archive's memory catalog.
@@ -796,6 +751,18 @@ class ChromaLongMemory:
         return done
 
 
+def _turn_starts(roles: Sequence[str]) -> list[int]:
+    """Indexes where turns start: the first of each run of human messages.
+
+    Messages before the first human message form a turn of their own.
+    """
+    starts = [0] if roles and roles[0] != "human" else []
+    for index, role in enumerate(roles):
+        if role == "human" and (index == 0 or roles[index - 1] != "human"):
+            starts.append(index)
+    return starts
+
+
 def _matches(columns: Any, session_id: str | None, user_id: str | None) -> Any:
     conditions = []
     if session_id is not None:
@@ -829,6 +796,8 @@ def _row_metadata(row: Any) -> dict[str, Any]:
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    import numpy as np  # comes with chromadb
+
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     norm = float(np.linalg.norm(x) * np.linalg.norm(y))
     return float(x @ y) / norm if norm else 0.0

@@ -2,8 +2,10 @@
 
 ``<name>`` holds the messages, ``<name>_parts`` the pieces of large ones,
 ``<name>_jobs`` the durable work queue, ``<name>_memories`` the catalog of long-term
-memories (Chroma holds their vectors and is rebuilt from it), and ``<name>_locks``
-the rows that serialise queue claims across processes.
+memories (Chroma holds their vectors and is rebuilt from it), ``<name>_locks`` the
+rows that serialise queue claims across processes, ``<name>_consolidation`` each
+session's MEMORY.md and consolidation cursor, and ``<name>_history_log`` the
+consolidated batches (HISTORY.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 
 _MYSQL = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mysql_engine": "InnoDB"}
+# Ids are never reused on SQLite either: cursors and caches rely on them growing.
+_GROWING = {"sqlite_autoincrement": True}
 
 
 def _id() -> Any:
@@ -54,6 +58,8 @@ class Tables:
     jobs: Table
     memories: Table
     locks: Table
+    consolidation: Table
+    history_log: Table
 
 
 def build_tables(metadata: MetaData, name: str) -> Tables:
@@ -71,6 +77,7 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Index(f"ix_{name}_session_id_id", "session_id", "id"),
         Index(f"ix_{name}_user_id", "user_id"),
         **_MYSQL,
+        **_GROWING,
     )
     parts = Table(
         f"{name}_parts",
@@ -98,6 +105,7 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Index(f"ix_{name}_jobs_state_id", "state", "id"),
         Index(f"ix_{name}_jobs_session_id_id", "session_id", "id"),
         **_MYSQL,
+        **_GROWING,
     )
     memories = Table(
         f"{name}_memories",
@@ -108,6 +116,9 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("user_id", _ident(), nullable=True),
         Column("content_hash", String(64), nullable=False),
         Column("text", _long_text(), nullable=False),
+        # The previous turn, indexed for lexical search only: answers often share
+        # their words with the question that came before them.
+        Column("context", Text, nullable=True),
         Column("kind", String(16), nullable=False),
         Column("source_ids", Text, nullable=False),
         Column("turn_at", _timestamp(), nullable=False),
@@ -116,6 +127,7 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Index(f"ix_{name}_memories_user_id_seq", "user_id", "seq"),
         Index(f"ix_{name}_memories_session_id_seq", "session_id", "seq"),
         **_MYSQL,
+        **_GROWING,
     )
     locks = Table(
         f"{name}_locks",
@@ -123,4 +135,37 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("name", String(64), primary_key=True),
         **_MYSQL,
     )
-    return Tables(messages=messages, parts=parts, jobs=jobs, memories=memories, locks=locks)
+    consolidation = Table(
+        f"{name}_consolidation",
+        metadata,
+        Column("session_id", _ident(), primary_key=True),
+        Column("user_id", _ident(), nullable=True),
+        Column("cursor", BigInteger, nullable=False, default=0),
+        Column("memory_md", _long_text(), nullable=False, default=""),
+        Column("updated_at", _timestamp(), nullable=False),
+        **_MYSQL,
+    )
+    history_log = Table(
+        f"{name}_history_log",
+        metadata,
+        Column("id", _id(), primary_key=True, autoincrement=True),
+        Column("session_id", _ident(), nullable=False),
+        Column("user_id", _ident(), nullable=True),
+        Column("first_id", BigInteger, nullable=False),
+        Column("last_id", BigInteger, nullable=False),
+        Column("raw", Integer, nullable=False, default=0),
+        Column("entry", _long_text(), nullable=False),
+        Column("created_at", _timestamp(), nullable=False),
+        UniqueConstraint("session_id", "first_id", name=f"uq_{name}_history_log_batch"),
+        **_MYSQL,
+        **_GROWING,
+    )
+    return Tables(
+        messages=messages,
+        parts=parts,
+        jobs=jobs,
+        memories=memories,
+        locks=locks,
+        consolidation=consolidation,
+        history_log=history_log,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -31,9 +32,11 @@ _LONG_WORD = re.compile(r"[A-Za-z]{11,}")
 
 CJK_WEIGHT = 1.3
 LONG_WORD_CHARS = 10
-SAMPLE_ABOVE = 65_536
+SAMPLE_ABOVE = 16_384
 SAMPLE_SLICES = 16
-SAMPLE_CHARS = 4096
+SAMPLE_CHARS = 1024
+CACHE_ABOVE = 512
+CACHE_SIZE = 65_536
 
 #: A function of a message list, a function of one message, or a chat model
 #: with ``get_num_tokens_from_messages`` (what ``trim_messages`` accepts).
@@ -47,11 +50,29 @@ def _count(text: str) -> float:
     return cjk * CJK_WEIGHT + pieces
 
 
+_cache: OrderedDict[tuple[int, int], int] = OrderedDict()
+
+
 def _text_tokens(text: str) -> int:
+    # Long texts (tool outputs) are re-estimated on every turn: cache their counts
+    # by (hash, length). A str caches its own hash, so a hit is O(1), and the cache
+    # holds no reference to the text.
+    if len(text) <= CACHE_ABOVE:
+        return _estimate(text)
+    key = (hash(text), len(text))
+    tokens = _cache.get(key)
+    if tokens is None:
+        tokens = _cache[key] = _estimate(text)
+        if len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return tokens
+
+
+def _estimate(text: str) -> int:
     if len(text) <= SAMPLE_ABOVE:
         return int(_count(text) + 0.999)
     # Huge tool outputs: count evenly spread slices and scale, so the cost stays
-    # bounded (a 1 MB document costs what 64 KB does) while the estimate holds.
+    # bounded (a 1 MB document costs what 16 KB does) while the estimate holds.
     step = len(text) // SAMPLE_SLICES
     sampled = sum(_count(text[i : i + SAMPLE_CHARS]) for i in range(0, len(text), step))
     seen = sum(len(text[i : i + SAMPLE_CHARS]) for i in range(0, len(text), step))

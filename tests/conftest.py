@@ -7,10 +7,16 @@ database ``test``). Locally an unreachable server skips the MySQL cases; in CI
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -78,3 +84,122 @@ def backup(backend_url: str, table_name: str) -> Iterator[MySQLBackup]:
     archive = MySQLBackup(backend_url, table_name=table_name)
     yield archive
     _drop(archive)
+
+
+# -- long-term memory: Chroma (embedded and a real server) ---------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def chroma_settings() -> Any:
+    from chromadb.config import Settings
+
+    return Settings(anonymized_telemetry=False)
+
+
+@pytest.fixture(scope="session")
+def chroma_client(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One embedded PersistentClient for the session; tests isolate by collection name."""
+    import chromadb
+
+    path = tmp_path_factory.mktemp("chroma-embedded")
+    return chromadb.PersistentClient(path=str(path), settings=chroma_settings())
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A real ``chroma run`` server on a free port, for the whole session."""
+    import chromadb
+
+    executable = Path(sys.executable).with_name("chroma")
+    if not executable.exists():  # pragma: no cover - the venv always has it
+        pytest.fail(f"no chroma executable next to {sys.executable}")
+    data = tmp_path_factory.mktemp("chroma-server")
+    log_path = data.parent / f"{data.name}.log"
+    port = _free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                str(executable),
+                "run",
+                "--path",
+                str(data),
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"chroma run exited with {process.returncode}: {log_path.read_text()}")
+            try:
+                chromadb.HttpClient(
+                    host="127.0.0.1", port=port, settings=chroma_settings()
+                ).heartbeat()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"chroma server did not answer within 60 s: {log_path.read_text()}")
+                time.sleep(0.2)
+        yield "127.0.0.1", port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@pytest.fixture
+def collection_name() -> str:
+    """A Chroma collection of its own."""
+    return f"lm_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_memory(
+    backup: MySQLBackup, chroma_client: Any, collection_name: str
+) -> Iterator[Callable[..., Any]]:
+    """Build ``ChromaLongMemory`` instances on the test's archive; closed afterwards.
+
+    Defaults: the session's embedded client, the test's collection, ``HashEmbeddings``,
+    no worker thread (call ``run_pending``/``flush``).
+    """
+    from langchain_tiered_memory.long_memory import ChromaLongMemory
+
+    from .fakes import HashEmbeddings
+
+    made: list[Any] = []
+
+    def make(**kwargs: Any) -> Any:
+        if not {"client", "host", "persist_directory"} & kwargs.keys():
+            kwargs["client"] = chroma_client
+        kwargs.setdefault("backup", backup)
+        kwargs.setdefault("embedding", HashEmbeddings())
+        kwargs.setdefault("collection_name", collection_name)
+        kwargs.setdefault("start_worker", False)
+        memory = ChromaLongMemory(**kwargs)
+        made.append(memory)
+        return memory
+
+    yield make
+    for memory in made:
+        memory.close(timeout=10)
+    dropped: set[tuple[int, str]] = set()
+    for memory in made:
+        key = (id(memory.client), memory.collection.name)
+        if key in dropped:
+            continue
+        dropped.add(key)
+        with contextlib.suppress(Exception):  # already gone, or the server is down
+            memory.client.delete_collection(memory.collection.name)

@@ -1,0 +1,433 @@
+"""Real-time compression before each LLM call (the ERP design's first layer).
+
+When the prompt that will be sent (messages, system prompt and tool schemas) passes
+``compress_threshold`` tokens, everything but the last ``preserve_count`` messages
+is replaced by one structured summary that needs no LLM (after claw-code's
+``compact.rs``); if the preserved tail alone keeps it over, whole oldest turns of
+the tail are summarised too, down to the last turn. Level 2: still over
+``force_delete_threshold``, the oldest messages of the last turn are deleted (and
+counted). Level 3: over ``error_threshold``, a :class:`ContextOverflowError` says to
+start a new session. No cut separates a tool result from the AI message that
+called it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_messages,
+)
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from langchain_tiered_memory.lexical import cjk_share
+from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
+
+SUMMARY_KEY = "tiered_memory_summary"
+PENDING_WORDS = (
+    "todo",
+    "next",
+    "pending",
+    "follow up",
+    "remaining",
+    "待",
+    "下一步",
+    "还需",
+    "未完成",
+)
+
+LABELS = {
+    "en": {
+        "title": "[Context compression summary]",
+        "scope": "Scope:",
+        "counts": "- {total} messages compressed (user={user}, assistant={ai}, tool={tool})",
+        "tools": "- Tools used: {tools}",
+        "requests": "- Recent user requests:",
+        "timeline": "- Timeline:",
+        "omitted": "    ... {n} messages omitted ...",
+        "repeats": "- Repeated tool outputs counted, not repeated: {n}",
+        "dropped": "- Messages force-deleted to fit the context: {n}",
+        "pending": "- Pending work:",
+        "roles": {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"},
+    },
+    "zh": {
+        "title": "[上下文压缩摘要]",
+        "scope": "压缩范围：",
+        "counts": "- 共 {total} 条消息被压缩（用户={user}, 助手={ai}, 工具={tool}）",
+        "tools": "- 使用的工具：{tools}",
+        "requests": "- 最近的用户请求：",
+        "timeline": "- 关键时间线：",
+        "omitted": "    ... 省略 {n} 条消息 ...",
+        "repeats": "- 重复的工具输出（只计数不重复）：{n}",
+        "dropped": "- 为防止超限强制删除的消息：{n}",
+        "pending": "- 待办事项：",
+        "roles": {"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"},
+    },
+}
+
+
+class ContextOverflowError(ValueError):
+    """The prompt is too large even after compression: start a new session.
+
+    Attributes:
+        estimated_tokens: The prompt's size after every compression level.
+        limit: The error threshold it passed.
+    """
+
+    def __init__(self, estimated_tokens: int, limit: int, language: str = "en") -> None:
+        self.estimated_tokens = estimated_tokens
+        self.limit = limit
+        advice = (
+            "请新建会话继续。"
+            if language == "zh"
+            else "Start a new session (its memories carry over through the long-term tier)."
+        )
+        super().__init__(
+            f"the prompt needs about {estimated_tokens} tokens after compression, over the "
+            f"limit of {limit}. {advice}"
+        )
+
+
+@dataclass
+class _Digest:
+    """What a summary knows; stored on the summary message so it can be flattened."""
+
+    user: int = 0
+    ai: int = 0
+    tool: int = 0
+    tools: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    repeats: int = 0
+    omitted: int = 0
+    dropped: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.user + self.ai + self.tool
+
+
+def _text(message: BaseMessage) -> str:
+    text = message.text
+    return text if isinstance(text, str) else str(message.content)
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _is_summary(message: BaseMessage) -> bool:
+    return isinstance(message, SystemMessage) and SUMMARY_KEY in message.additional_kwargs
+
+
+def turn_starts(messages: Sequence[BaseMessage]) -> list[int]:
+    """Indexes of the human messages that open turns."""
+    return [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
+
+
+def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:
+    """Move ``index`` back until ``messages[index:]`` has no orphaned tool result.
+
+    The kept part then never starts with a ``ToolMessage`` and every kept tool
+    result has its calling ``AIMessage`` kept too.
+    """
+    index = max(0, min(index, len(messages)))
+    while index > 0 and index < len(messages) and isinstance(messages[index], ToolMessage):
+        index -= 1
+    return index
+
+
+def validate_conversation(messages: Sequence[BaseMessage]) -> None:
+    """Raise ``ValueError`` unless chat providers would accept ``messages``.
+
+    Checks: system messages only at the start; every tool result answers a tool
+    call of the AI message before it; every tool call is answered before the next
+    human or AI message.
+    """
+    seen_other = False
+    open_calls: set[str] = set()
+    for index, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            if seen_other:
+                msg = f"message {index} is a system message after the conversation started"
+                raise ValueError(msg)
+            continue
+        seen_other = True
+        if isinstance(message, ToolMessage):
+            if message.tool_call_id not in open_calls:
+                msg = f"message {index} answers tool call {message.tool_call_id!r}, not open"
+                raise ValueError(msg)
+            open_calls.discard(message.tool_call_id)
+            continue
+        if open_calls:
+            msg = f"message {index} comes before tool calls {sorted(open_calls)} were answered"
+            raise ValueError(msg)
+        if isinstance(message, AIMessage):
+            open_calls = {call["id"] for call in message.tool_calls if call.get("id")}
+
+
+class ContextCompressor(Runnable[Any, list[BaseMessage]]):
+    """Structured, LLM-free compression of a prompt that grew too large.
+
+    Use it as a function, ``compressor.compress(messages)``, or as a Runnable in
+    front of a model: ``prompt | compressor | llm``.
+
+    Args:
+        compress_threshold: Compress above this many tokens.
+        preserve_count: Messages kept verbatim at the end (moved back, if needed,
+            so a tool result keeps its call).
+        force_delete_threshold: After compression, drop whole oldest turns of the
+            kept messages while above this.
+        error_threshold: Raise :class:`ContextOverflowError` above this.
+        token_counter: Counts a message list; default
+            :func:`~langchain_tiered_memory.estimate_tokens`.
+        tools: Tool schemas bound to the model, counted in the prompt's size.
+        language: Labels of the summary; ``None`` follows the conversation.
+        timeline_entries: Timeline entries kept (the first two and the latest).
+        entry_chars: Characters per timeline entry.
+    """
+
+    def __init__(
+        self,
+        *,
+        compress_threshold: int = 60_000,
+        preserve_count: int = 4,
+        force_delete_threshold: int = 100_000,
+        error_threshold: int = 120_000,
+        token_counter: TokenCounter | None = None,
+        tools: Sequence[Any] | None = None,
+        language: Literal["en", "zh"] | None = None,
+        timeline_entries: int = 10,
+        entry_chars: int = 160,
+    ) -> None:
+        if not 0 < compress_threshold <= force_delete_threshold <= error_threshold:
+            msg = (
+                "thresholds must satisfy 0 < compress_threshold <= force_delete_threshold "
+                f"<= error_threshold, got {compress_threshold}, {force_delete_threshold}, "
+                f"{error_threshold}"
+            )
+            raise ValueError(msg)
+        if preserve_count < 1:
+            msg = f"preserve_count must be at least 1, got {preserve_count}"
+            raise ValueError(msg)
+        if language not in (None, "en", "zh"):
+            msg = f"language must be 'en', 'zh' or None, got {language!r}"
+            raise ValueError(msg)
+        self.compress_threshold = compress_threshold
+        self.preserve_count = preserve_count
+        self.force_delete_threshold = force_delete_threshold
+        self.error_threshold = error_threshold
+        self.count_tokens = resolve_token_counter(token_counter)
+        self.tools = list(tools or [])
+        self.language = language
+        self.timeline_entries = max(3, timeline_entries)
+        self.entry_chars = entry_chars
+        self._tool_tokens = self._count_tools(self.tools)
+
+    # -- measuring ------------------------------------------------------------
+
+    def _count_tools(self, tools: Sequence[Any]) -> int:
+        if not tools:
+            return 0
+        schemas = [convert_to_openai_tool(tool) for tool in tools]
+        return self.count_tokens([SystemMessage(json.dumps(schemas, ensure_ascii=False))])
+
+    def measure(self, messages: Sequence[BaseMessage]) -> int:
+        """Tokens of the prompt that will be sent: messages plus tool schemas."""
+        return self.count_tokens(list(messages)) + self._tool_tokens
+
+    # -- compressing ----------------------------------------------------------
+
+    def compress(self, messages: Sequence[BaseMessage] | PromptValue) -> list[BaseMessage]:
+        """Return ``messages`` unchanged if small enough, else compressed.
+
+        Raises:
+            ContextOverflowError: If even the compressed prompt is over
+                ``error_threshold``.
+        """
+        messages = _as_messages(messages)
+        if self.measure(messages) <= self.compress_threshold:
+            return messages
+        language = self.language or ("zh" if cjk_share(_sample(messages)) > 0.2 else "en")
+        head = [m for m in messages if isinstance(m, SystemMessage) and not _is_summary(m)]
+        head_end = 0
+        while head_end < len(messages) and isinstance(messages[head_end], SystemMessage):
+            head_end += 1
+        earlier = [m for m in messages[:head_end] if _is_summary(m)]
+        head = [m for m in messages[:head_end] if not _is_summary(m)]
+        body = list(messages[head_end:])
+        cut = safe_cut(body, len(body) - self.preserve_count)
+        # Still over: fold whole oldest turns of the preserved tail into the summary
+        # too (a 150k-character tool result), down to the last turn.
+        later = [i for i in turn_starts(body) if i > cut]
+        while True:
+            result = self._assemble(head, earlier, body, cut, language)
+            if not later or self.measure(result) <= self.compress_threshold:
+                break
+            cut = later.pop(0)
+        return self._enforce(result, language)
+
+    def _assemble(
+        self,
+        head: list[BaseMessage],
+        earlier: list[BaseMessage],
+        body: list[BaseMessage],
+        cut: int,
+        language: str,
+        dropped: int = 0,
+    ) -> list[BaseMessage]:
+        if cut == 0 and not earlier and not dropped:
+            return head + body  # nothing to summarise: only the levels below apply
+        digest = self._digest(body[:cut], earlier, language)
+        digest.dropped += dropped
+        return [*head, self._summary_message(digest, language), *body[cut:]]
+
+    def _enforce(self, messages: list[BaseMessage], language: str) -> list[BaseMessage]:
+        """Level 2: force-delete the oldest messages of the last turn; level 3: refuse.
+
+        Deleted messages are counted in the summary, never cut so that a tool
+        result loses its call, and the last message always stays.
+        """
+        size = self.measure(messages)
+        if size > self.force_delete_threshold:
+            start = next(
+                (i for i, m in enumerate(messages) if not isinstance(m, SystemMessage)),
+                len(messages),
+            )
+            head = [m for m in messages[:start] if not _is_summary(m)]
+            earlier = [m for m in messages[:start] if _is_summary(m)]
+            tail = messages[start:]
+            for cut in [i for i in range(1, len(tail)) if not isinstance(tail[i], ToolMessage)]:
+                messages = self._assemble(head, earlier, tail[cut:], 0, language, dropped=cut)
+                size = self.measure(messages)
+                if size <= self.force_delete_threshold:
+                    break
+        if size > self.error_threshold:
+            raise ContextOverflowError(size, self.error_threshold, language)
+        return messages
+
+    def _digest(
+        self, messages: Sequence[BaseMessage], earlier: Sequence[BaseMessage], language: str
+    ) -> _Digest:
+        digest = _Digest()
+        for summary in earlier:  # flatten: fold the old numbers in, do not nest text
+            old = _Digest(**summary.additional_kwargs[SUMMARY_KEY])
+            digest.user += old.user
+            digest.ai += old.ai
+            digest.tool += old.tool
+            digest.repeats += old.repeats
+            digest.omitted += old.omitted
+            digest.dropped += old.dropped
+            digest.tools.extend(t for t in old.tools if t not in digest.tools)
+            digest.requests.extend(old.requests)
+            digest.timeline.extend(old.timeline)
+            digest.pending.extend(old.pending)
+        roles = LABELS[language]["roles"]
+        seen_outputs: set[tuple[str, str]] = set()
+        tool_names: dict[str, str] = {}
+        for message in messages:
+            text = _text(message)
+            if isinstance(message, HumanMessage):
+                digest.user += 1
+                digest.requests.append(_short(text, self.entry_chars))
+                label = roles["human"]
+            elif isinstance(message, AIMessage):
+                digest.ai += 1
+                for call in message.tool_calls:
+                    tool_names[call.get("id") or ""] = call["name"]
+                    if call["name"] not in digest.tools:
+                        digest.tools.append(call["name"])
+                if not text and message.tool_calls:
+                    text = "→ " + ", ".join(call["name"] for call in message.tool_calls)
+                label = roles["ai"]
+            elif isinstance(message, ToolMessage):
+                digest.tool += 1
+                name = message.name or tool_names.get(message.tool_call_id, "tool")
+                if name not in digest.tools:
+                    digest.tools.append(name)
+                key = (name, text[:100])
+                if key in seen_outputs:
+                    digest.repeats += 1
+                    continue
+                seen_outputs.add(key)
+                label = f"{roles['tool']}({name})"
+            else:
+                label = roles.get(message.type, message.type)
+            if any(word in text.lower() for word in PENDING_WORDS) and not isinstance(
+                message, ToolMessage
+            ):
+                digest.pending.append(_short(text, self.entry_chars))
+            digest.timeline.append(_short(f"{label}: {text}", self.entry_chars))
+        digest.requests = digest.requests[-3:]
+        digest.pending = digest.pending[-3:]
+        if len(digest.timeline) > self.timeline_entries:
+            keep_tail = self.timeline_entries - 2
+            digest.omitted += len(digest.timeline) - self.timeline_entries
+            digest.timeline = digest.timeline[:2] + digest.timeline[-keep_tail:]
+        return digest
+
+    def _summary_message(self, digest: _Digest, language: str) -> SystemMessage:
+        labels = LABELS[language]
+        lines = [
+            labels["title"],
+            labels["scope"],
+            labels["counts"].format(
+                total=digest.total, user=digest.user, ai=digest.ai, tool=digest.tool
+            ),
+        ]
+        if digest.tools:
+            lines.append(labels["tools"].format(tools=", ".join(digest.tools)))
+        if digest.requests:
+            lines.append(labels["requests"])
+            lines.extend(f"    • {r}" for r in digest.requests)
+        lines.append(labels["timeline"])
+        entries = [f"    • {e}" for e in digest.timeline]
+        if digest.omitted:
+            entries.insert(2, labels["omitted"].format(n=digest.omitted))
+        lines.extend(entries)
+        if digest.repeats:
+            lines.append(labels["repeats"].format(n=digest.repeats))
+        if digest.dropped:
+            lines.append(labels["dropped"].format(n=digest.dropped))
+        if digest.pending:
+            lines.append(labels["pending"])
+            lines.extend(f"    • {p}" for p in digest.pending)
+        return SystemMessage("\n".join(lines), additional_kwargs={SUMMARY_KEY: vars(digest)})
+
+    # -- Runnable -------------------------------------------------------------
+
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[BaseMessage]:
+        """Compress a prompt value or message list (see :meth:`compress`)."""
+        return self._call_with_config(self.compress, input, config)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[BaseMessage]:
+        """Async :meth:`invoke` (compression is CPU-only: no thread hop)."""
+        return self.invoke(input, config, **kwargs)
+
+
+def _as_messages(value: Any) -> list[BaseMessage]:
+    if isinstance(value, PromptValue):
+        return value.to_messages()
+    if isinstance(value, str):
+        return [HumanMessage(value)]
+    return convert_to_messages(value)
+
+
+def _sample(messages: Sequence[BaseMessage]) -> str:
+    return " ".join(_text(m)[:200] for m in messages if not isinstance(m, ToolMessage))[:4000]

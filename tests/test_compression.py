@@ -1,0 +1,269 @@
+"""ContextCompressor: the ERP design's first layer."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.tools import tool
+
+from langchain_tiered_memory import ContextCompressor, ContextOverflowError, estimate_tokens
+from langchain_tiered_memory.compression import SUMMARY_KEY, validate_conversation
+
+from .fakes import RecordingChatModel, replies
+
+
+def document(chars: int, seed: str) -> str:
+    """A synthetic ERP document of about ``chars`` characters."""
+    row = f'{{"invoice_no": "{seed}-00042", "customer": "上海华东贸易", "amount": 1234.5}}\n'
+    return (f"{seed} 文档内容:\n" + row * (chars // len(row) + 1))[:chars]
+
+
+def lookup(n: int, name: str, output: str, question: str, answer: str) -> list[BaseMessage]:
+    call = f"call-{n}"
+    return [
+        HumanMessage(question),
+        AIMessage("让我检索...", tool_calls=[{"name": name, "args": {"q": question}, "id": call}]),
+        ToolMessage(output, tool_call_id=call, name=name),
+        AIMessage(answer),
+    ]
+
+
+def ar_ap_conversation() -> list[BaseMessage]:
+    """The design's example: AR (210k chars), AP (150k chars), then a summary request."""
+    return [
+        SystemMessage("你是 ERP 助手。"),
+        *lookup(1, "search_knowledge_base", document(210_000, "AR"), "查询 AR 表", "根据文档..."),
+        *lookup(2, "get_document_by_name", document(150_000, "AP"), "再查询 AP 表", "根据文档..."),
+        HumanMessage("总结一下"),
+        AIMessage("AR 在 ar_invoice, AP 在 ap_bill。"),
+    ]
+
+
+def summaries(messages: list[BaseMessage]) -> list[SystemMessage]:
+    return [
+        m for m in messages if isinstance(m, SystemMessage) and SUMMARY_KEY in m.additional_kwargs
+    ]
+
+
+def test_small_prompts_pass_unchanged() -> None:
+    messages = [SystemMessage("s"), HumanMessage("hi"), AIMessage("hello")]
+    assert ContextCompressor().compress(messages) == messages
+
+
+def test_the_design_example_is_compressed_with_a_structured_summary() -> None:
+    messages = ar_ap_conversation()
+    assert estimate_tokens(messages) > 100_000  # the design's failing prompt
+    compressed = ContextCompressor().compress(messages)
+    assert estimate_tokens(compressed) <= 60_000
+    assert compressed[0] == messages[0]
+    (summary,) = summaries(compressed)
+    assert compressed[1] is summary
+    text = summary.content
+    assert "[上下文压缩摘要]" in text
+    # The 150k-character AP result alone would keep the prompt over 60k: its turn
+    # is folded into the summary too, and the last turn is kept, as in the design.
+    assert "共 8 条消息被压缩（用户=2, 助手=4, 工具=2）" in text
+    assert "search_knowledge_base, get_document_by_name" in text
+    assert "• 查询 AR 表" in text
+    assert compressed[2:] == messages[9:]
+    validate_conversation(compressed)
+
+
+def test_english_conversations_get_english_labels() -> None:
+    messages = [
+        SystemMessage("You are an ERP assistant."),
+        *lookup(1, "search_kb", document(200_000, "AR"), "Query the AR table", "It has ..."),
+        HumanMessage("Summarise"),
+        AIMessage("Done"),
+    ]
+    (summary,) = summaries(ContextCompressor(compress_threshold=1000).compress(messages))
+    assert summary.content.startswith("[Context compression summary]")
+    assert "Tools used: search_kb" in summary.content
+
+
+def test_the_cut_never_orphans_a_tool_message() -> None:
+    messages = [SystemMessage("s")]
+    for n in range(6):
+        messages += lookup(n, "search_kb", document(3000, f"D{n}"), f"question {n}", f"answer {n}")
+    for threshold in (1000, 6000):
+        for preserve in range(1, 9):
+            compressor = ContextCompressor(compress_threshold=threshold, preserve_count=preserve)
+            compressed = compressor.compress(messages)
+            validate_conversation(compressed)
+            kept = [m for m in compressed if not isinstance(m, SystemMessage)]
+            assert kept and not isinstance(kept[0], ToolMessage)
+            if threshold == 6000:  # room for the tail: at least preserve_count are kept
+                assert len(kept) >= preserve
+                assert compressor.measure(compressed) <= threshold
+
+
+def test_tool_schemas_and_system_prompt_count() -> None:
+    @tool
+    def query_erp(sql: str, database: str = "erp") -> str:
+        """Run a read-only SQL query against the ERP database and return rows as JSON."""
+        return "[]"
+
+    big_system = SystemMessage("规则：" + "请严格遵守财务制度。" * 300)
+    messages = [
+        big_system,
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        AIMessage("a2"),
+        HumanMessage("q3"),
+        AIMessage("a3"),
+    ]
+    body_only = estimate_tokens(messages[1:])
+    threshold = estimate_tokens(messages) + 5
+    assert body_only < threshold
+    assert ContextCompressor(compress_threshold=threshold).compress(messages) == messages
+    with_tools = ContextCompressor(compress_threshold=threshold, tools=[query_erp])
+    assert with_tools.measure(messages) > threshold
+    assert summaries(with_tools.compress(messages))
+
+
+def test_repeated_tool_outputs_are_counted_not_repeated() -> None:
+    same = "检索到 5 个文档：ar_invoice, ar_receipt, customer, ..." + "x" * 5000
+    messages = [SystemMessage("s")]
+    for n in range(4):
+        messages += lookup(n, "search_knowledge_base", same + str(n), f"查询 {n}", "好的")
+    messages += [HumanMessage("最后"), AIMessage("完")]
+    (summary,) = summaries(ContextCompressor(compress_threshold=500).compress(messages))
+    assert "重复的工具输出（只计数不重复）：3" in summary.content
+    timeline_tools = [line for line in summary.content.splitlines() if "工具(search" in line]
+    assert len(timeline_tools) <= 1
+
+
+def test_timeline_entries_are_short_and_omissions_counted() -> None:
+    messages = [SystemMessage("s")]
+    for n in range(30):
+        messages += [HumanMessage(f"question {n} " + "word " * 100), AIMessage(f"answer {n}")]
+    (summary,) = summaries(ContextCompressor(compress_threshold=500).compress(messages))
+    timeline = [line for line in summary.content.splitlines() if line.startswith("    •")]
+    assert all(len(line) <= 170 for line in timeline)
+    assert "messages omitted" in summary.content
+
+
+def test_compressing_again_flattens_the_summary() -> None:
+    compressor = ContextCompressor(compress_threshold=2000, language="en")
+    messages = [SystemMessage("s")]
+    for n in range(5):
+        messages += lookup(n, "search_kb", document(4000, f"D{n}"), f"q{n}", f"a{n}")
+    first = compressor.compress(messages)
+    more = list(first)
+    for n in range(5, 10):
+        more += lookup(n, "search_kb", document(4000, f"D{n}"), f"q{n}", f"a{n}")
+    second = compressor.compress(more)
+    (summary,) = summaries(second)
+    assert summary.content.count("[Context compression summary]") == 1
+    stats = summary.additional_kwargs[SUMMARY_KEY]
+    kept = [m for m in second if not isinstance(m, SystemMessage)]
+    assert stats["user"] + stats["ai"] + stats["tool"] + len(kept) == 10 * 4  # nothing lost
+    validate_conversation(second)
+
+
+def test_oversized_tails_fold_whole_oldest_turns() -> None:
+    messages = [SystemMessage("s")]
+    for n in range(3):
+        messages += [HumanMessage(f"q{n} " + "data " * 3000), AIMessage(f"a{n}")]
+    compressor = ContextCompressor(
+        compress_threshold=100,
+        preserve_count=6,
+        force_delete_threshold=4000,
+        error_threshold=8000,
+    )
+    compressed = compressor.compress(messages)
+    kept = [m for m in compressed if not isinstance(m, SystemMessage)]
+    assert [m.content.split()[0] for m in kept if isinstance(m, HumanMessage)] == ["q2"]
+    assert compressor.measure(compressed) <= 4000
+    validate_conversation(compressed)
+
+
+def test_level_two_force_deletes_inside_a_huge_last_turn() -> None:
+    turn: list[BaseMessage] = [HumanMessage("compare all documents")]
+    for n in range(4):
+        call = f"c{n}"
+        turn += [
+            AIMessage("", tool_calls=[{"name": "fetch", "args": {"n": n}, "id": call}]),
+            ToolMessage(f"doc {n} " + "row " * 3000, tool_call_id=call, name="fetch"),
+        ]
+    turn.append(AIMessage("They differ in amount."))
+    compressor = ContextCompressor(
+        compress_threshold=1000,
+        preserve_count=20,  # level 1 keeps the whole turn: level 2 must act
+        force_delete_threshold=7000,
+        error_threshold=20_000,
+        language="en",
+    )
+    compressed = compressor.compress([SystemMessage("s"), *turn])
+    assert compressor.measure(compressed) <= 7000
+    assert compressed[-1] == turn[-1]
+    (summary,) = summaries(compressed)
+    dropped = summary.additional_kwargs[SUMMARY_KEY]["dropped"]
+    assert dropped > 0 and "force-deleted to fit the context" in summary.content
+    assert len(compressed) - 2 + dropped == len(turn)
+    validate_conversation(compressed)
+
+
+def test_level_three_raises_with_the_numbers_and_advice() -> None:
+    # The newest message alone is too large: nothing may be dropped to fit it.
+    messages = [
+        SystemMessage("s"),
+        HumanMessage("hi"),
+        AIMessage("ok"),
+        HumanMessage("x " * 50_000),
+    ]
+    compressor = ContextCompressor(
+        compress_threshold=1000, force_delete_threshold=2000, error_threshold=3000
+    )
+    with pytest.raises(ContextOverflowError, match="new session") as caught:
+        compressor.compress(messages)
+    assert caught.value.limit == 3000
+    assert caught.value.estimated_tokens > 3000
+
+
+def test_as_a_runnable_in_front_of_a_model() -> None:
+    model = RecordingChatModel(messages=replies("fine"))
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "ERP"), MessagesPlaceholder("history"), ("human", "{input}")]
+    )
+    history: list[BaseMessage] = []
+    for n in range(4):
+        history += lookup(n, "search_kb", document(5000, f"D{n}"), f"q{n}", f"a{n}")
+    chain = prompt | ContextCompressor(compress_threshold=3000) | model
+    assert chain.invoke({"history": history, "input": "now?"}).content == "fine"
+    sent = model.prompts[-1]
+    assert summaries(sent) and sent[-1].content == "now?"
+    validate_conversation(sent)
+
+
+async def test_ainvoke() -> None:
+    compressor = ContextCompressor(compress_threshold=500)
+    messages = [
+        SystemMessage("s"),
+        *lookup(1, "kb", document(5000, "A"), "q", "a"),
+        HumanMessage("next"),
+        AIMessage("ok"),
+    ]
+    assert await compressor.ainvoke(messages) == compressor.invoke(messages)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"compress_threshold": 0},
+        {"compress_threshold": 10, "force_delete_threshold": 5},
+        {"preserve_count": 0},
+        {"language": "fr"},
+    ],
+)
+def test_bad_settings(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        ContextCompressor(**kwargs)
