@@ -415,8 +415,8 @@ class MySQLBackup:
             if derived
             else ()
         ):
-            yield delete(table).where(*_scope(table, session_id, user_id))
-        scope = _scope(t, session_id, user_id)
+            yield delete(table).where(*scope_conditions(table, session_id, user_id))
+        scope = scope_conditions(t, session_id, user_id)
         yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
         result = yield delete(t).where(*scope)
         return int(result.rowcount)
@@ -433,7 +433,7 @@ class MySQLBackup:
         ):
             result = (
                 yield select(table.c.session_id)
-                .where(*_scope(table, session_id, user_id))
+                .where(*scope_conditions(table, session_id, user_id))
                 .distinct()
             )
             found.update(result.scalars())
@@ -570,7 +570,7 @@ class MySQLBackup:
         sessions = self.run(self._sessions_in_scope_plan(session_id, user_id))
 
         def drop_jobs() -> Plan[None]:
-            yield delete(jobs).where(*_scope(jobs, session_id, user_id))
+            yield delete(jobs).where(*scope_conditions(jobs, session_id, user_id))
 
         self.run(drop_jobs(), write=True)
         for ref in list(self._forget_hooks):
@@ -604,7 +604,8 @@ def _check_add(
     )
 
 
-def _scope(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:
+def scope_conditions(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:
+    """WHERE conditions selecting a session, a user, or one user's session."""
     conditions = []
     if session_id is not None:
         conditions.append(table.c.session_id == session_id)

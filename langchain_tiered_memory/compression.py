@@ -13,6 +13,7 @@ called it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from langchain_tiered_memory.lexical import cjk_share
 from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
 
 SUMMARY_KEY = "tiered_memory_summary"
+MAX_SEEN_OUTPUTS = 512  # tool-output keys remembered across re-compressions
 PENDING_WORDS = (
     "todo",
     "next",
@@ -112,6 +114,7 @@ class _Digest:
     repeats: int = 0
     omitted: int = 0
     dropped: int = 0
+    seen_outputs: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -124,8 +127,14 @@ def _text(message: BaseMessage) -> str:
 
 
 def _short(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    # Only a prefix is normalised: tool outputs can be 150k characters.
+    head = " ".join(text[: 4 * limit].split())
+    return head if len(head) <= limit and len(text) <= 4 * limit else head[: limit - 1] + "…"
+
+
+def _output_key(name: str, text: str) -> str:
+    """A short key for 'same tool, same first 100 characters' (kept across summaries)."""
+    return hashlib.sha1(f"{name}\x1f{text[:100]}".encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _is_summary(message: BaseMessage) -> bool:
@@ -334,8 +343,9 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             digest.requests.extend(old.requests)
             digest.timeline.extend(old.timeline)
             digest.pending.extend(old.pending)
+            digest.seen_outputs.extend(old.seen_outputs)
         roles = LABELS[language]["roles"]
-        seen_outputs: set[tuple[str, str]] = set()
+        seen_outputs = set(digest.seen_outputs)
         tool_names: dict[str, str] = {}
         for message in messages:
             text = _text(message)
@@ -357,21 +367,23 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 name = message.name or tool_names.get(message.tool_call_id, "tool")
                 if name not in digest.tools:
                     digest.tools.append(name)
-                key = (name, text[:100])
+                key = _output_key(name, text)
                 if key in seen_outputs:
                     digest.repeats += 1
                     continue
                 seen_outputs.add(key)
+                digest.seen_outputs.append(key)
                 label = f"{roles['tool']}({name})"
             else:
                 label = roles.get(message.type, message.type)
-            if any(word in text.lower() for word in PENDING_WORDS) and not isinstance(
-                message, ToolMessage
+            if not isinstance(message, ToolMessage) and any(
+                word in text[:2000].lower() for word in PENDING_WORDS
             ):
                 digest.pending.append(_short(text, self.entry_chars))
             digest.timeline.append(_short(f"{label}: {text}", self.entry_chars))
         digest.requests = digest.requests[-3:]
         digest.pending = digest.pending[-3:]
+        digest.seen_outputs = digest.seen_outputs[-MAX_SEEN_OUTPUTS:]
         if len(digest.timeline) > self.timeline_entries:
             keep_tail = self.timeline_entries - 2
             digest.omitted += len(digest.timeline) - self.timeline_entries

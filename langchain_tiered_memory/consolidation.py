@@ -69,11 +69,12 @@ _SECRETS = [
     (
         re.compile(
             r"((?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|密码|口令|密钥)"
-            r"\s*[:=：]\s*)[^\s,;，；]+",
+            r"[\"']?\s*(?:[:=：]|是|为)\s*)(\"[^\"]*\"|'[^']*'|[^\s,;，；]+)",
             re.IGNORECASE,
         ),
         r"\1***",
     ),
+    (re.compile(r"(\bBearer\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1***"),
     (re.compile(r"\b(sk|pk|ghp|xox[bp])[-_][A-Za-z0-9_-]{12,}"), r"\1-***"),
 ]
 
@@ -269,10 +270,18 @@ class MemoryConsolidator(QueueWorker):
             f"{conversation}\n"
         )
         folder = self.folder(job.session_id)
-        if not raw:
+        # Even a raw batch rewrites MEMORY.md: an earlier attempt may have written
+        # an answer whose commit then failed, and disk must match the database.
+        if memory:
             atomic_write(folder / "MEMORY.md", memory)
+        else:
+            (folder / "MEMORY.md").unlink(missing_ok=True)
         _append_once(folder / "HISTORY.md", marker, entry)
-        self.backup.run(self._commit_plan(job, cursor, last_id, first_id, memory, entry, raw))
+        committed = self.backup.run(
+            self._commit_plan(job, cursor, last_id, first_id, memory, entry, raw)
+        )
+        if not committed:  # the session was forgotten meanwhile: leave no file behind
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _commit_plan(
         self,
@@ -283,14 +292,14 @@ class MemoryConsolidator(QueueWorker):
         memory: str,
         entry: str,
         raw: bool,
-    ) -> Plan[None]:
+    ) -> Plan[bool]:
         from langchain_tiered_memory.jobs import backlog_enqueue_plan
 
         c, h, j = self.tables.consolidation, self.tables.history_log, self.tables.jobs
         now = utcnow()
         gone = yield delete(j).where(j.c.id == job.id)
         if gone.rowcount == 0:
-            return  # forgotten meanwhile
+            return False  # forgotten meanwhile
         exists = yield select(c.c.cursor).where(c.c.session_id == job.session_id)
         if exists.first() is None:
             yield insert(c).values(
@@ -322,6 +331,7 @@ class MemoryConsolidator(QueueWorker):
         yield from backlog_enqueue_plan(
             self.tables, "consolidate", job.session_id, job.user_id, last_id, self.threshold, now
         )
+        return True
 
     # -- forgetting -----------------------------------------------------------
 

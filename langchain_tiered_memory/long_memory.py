@@ -34,7 +34,14 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, select, update
 
 from langchain_tiered_memory._validation import validate_id
-from langchain_tiered_memory.archive import MySQLBackup, Plan, default_home, role_of, utcnow
+from langchain_tiered_memory.archive import (
+    MySQLBackup,
+    Plan,
+    default_home,
+    role_of,
+    scope_conditions,
+    utcnow,
+)
 from langchain_tiered_memory.extraction import (
     detect_language,
     extraction_prompt,
@@ -77,6 +84,22 @@ class _ScopeIndex:
     version: tuple[int, int] = (0, 0)
     bm25: BM25Index = field(default_factory=BM25Index)
     rows: dict[str, Any] = field(default_factory=dict)
+    ids: list[str] = field(default_factory=list)
+    vectors: list[bytes | None] = field(default_factory=list)
+    _matrix: Any = None
+
+    def add(self, rows: Sequence[Any]) -> None:
+        self.bm25.extend((row.id, f"{row.text}\n{row.context or ''}") for row in rows)
+        self.rows.update((row.id, row) for row in rows)
+        self.ids.extend(row.id for row in rows)
+        self.vectors.extend(row.vector for row in rows)
+        self._matrix = None
+
+    def matrix(self) -> Any:
+        """The scope's unit vectors as a float32 matrix; ``None`` if any is missing."""
+        if self._matrix is None and self.vectors and all(v is not None for v in self.vectors):
+            self._matrix = _unit_rows([_from_bytes(v) for v in self.vectors])
+        return self._matrix
 
 
 def _hash(*parts: str) -> str:
@@ -385,34 +408,33 @@ class ChromaLongMemory(QueueWorker):
             )
             return {(row.session_id, row.content_hash): row.id for row in result}
 
-        known = self.backup.run(known_plan())
-        targets: dict[str, str] = {}
-        kept: dict[str, list[_Memory]] = {}
-        for session_id in sessions:
-            group = [m for m in fresh if m.job.session_id == session_id]
-            found = self.collection.query(
-                query_embeddings=[m.vector for m in group],
-                n_results=2,
-                where={"session_id": session_id},
-                include=["distances"],
+        def stored_plan() -> Plan[list[Any]]:
+            result = yield select(c.id, c.session_id, c.vector).where(
+                c.session_id.in_(sessions), c.vector.is_not(None)
             )
-            for memory, ids, distances in zip(group, found["ids"], found["distances"], strict=True):
-                target = known.get((session_id, memory.content_hash))
-                # A re-driven job finds its own vector (left by a crashed worker): skip it.
-                others = [(i, d) for i, d in zip(ids, distances, strict=True) if i != memory.id]
-                if target is None and others and 1 - others[0][1] >= self.dedupe_threshold:
-                    target = others[0][0]
-                if target is None:
-                    for other in kept.get(session_id, ()):
-                        if other.content_hash == memory.content_hash or (
-                            _cosine(other.vector, memory.vector) >= self.dedupe_threshold
-                        ):
-                            target = other.id
-                            break
-                if target is None:
-                    kept.setdefault(session_id, []).append(memory)
-                else:
-                    targets[memory.id] = target
+            return result.all()
+
+        known = self.backup.run(known_plan(), read_only=True)
+        stored: dict[str, list[tuple[str, Any]]] = {}
+        for row in self.backup.run(stored_plan(), read_only=True):
+            stored.setdefault(row.session_id, []).append((row.id, _from_bytes(row.vector)))
+        targets: dict[str, str] = {}
+        for memory in fresh:
+            session_id = memory.job.session_id
+            target = known.get((session_id, memory.content_hash))
+            if target is None:
+                # A re-driven job may meet its own earlier write: never match itself.
+                candidates = [(i, v) for i, v in stored.get(session_id, ()) if i != memory.id]
+                if candidates:
+                    sims = _unit_rows([v for _, v in candidates]) @ _unit_rows([memory.vector])[0]
+                    best = int(sims.argmax())
+                    if sims[best] >= self.dedupe_threshold:
+                        target = candidates[best][0]
+            if target is None:
+                known[(session_id, memory.content_hash)] = memory.id
+                stored.setdefault(session_id, []).append((memory.id, memory.vector))
+            else:
+                targets[memory.id] = target
         return targets
 
     def _metadata(self, memory: _Memory) -> dict[str, Any]:
@@ -445,6 +467,7 @@ class ChromaLongMemory(QueueWorker):
                 content_hash=memory.content_hash,
                 text=memory.text,
                 context=memory.context,
+                vector=_to_bytes(memory.vector),
                 kind=memory.kind,
                 source_ids=json.dumps(memory.source_ids),
                 turn_at=memory.turn_at,
@@ -527,8 +550,7 @@ class ChromaLongMemory(QueueWorker):
                 if index.version[0] + len(rows) != version[0]:  # deletions: rebuild
                     index = _ScopeIndex()
                     rows = self.backup.run(rows_plan(0))
-                index.bm25.extend((row.id, f"{row.text}\n{row.context or ''}") for row in rows)
-                index.rows.update((row.id, row) for row in rows)
+                index.add(rows)
                 index.version = version
             self._scopes[key] = index
             self._scopes.move_to_end(key)
@@ -574,7 +596,7 @@ class ChromaLongMemory(QueueWorker):
         index = self._scope_index(condition, key)
         if not index.rows:
             return []
-        pool = max(4 * k, 40)
+        pool = max(6 * k, 60)
         dense_weight = self.dense_weight
         if cjk_share(query) > 0.3 and self.languages is not None and "zh" not in self.languages:
             dense_weight = 0.0
@@ -582,24 +604,50 @@ class ChromaLongMemory(QueueWorker):
         lexical = dict(index.bm25.search(query, pool))
         if dense_weight:
             vector = self.embedding.embed_query(query)
-            found = self.collection.query(
-                query_embeddings=[vector],
-                n_results=min(pool, len(index.rows)),
-                where=where,
-                include=["distances"],
-            )
-            dense = {
-                doc_id: 1.0 - distance
-                for doc_id, distance in zip(found["ids"][0], found["distances"][0], strict=True)
-                if doc_id in index.rows
-            }
-            # Lexical hits outside the dense pool still get their true similarity.
-            dense.update(self._similarities(vector, [i for i in lexical if i not in dense]))
+            dense = self._dense(index, vector, where, pool, lexical)
         ranked = fuse(dense, lexical, dense_weight=dense_weight)[:k]
         if not ranked:  # nothing matches at all: the newest memories
             ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
         rows = self._fresh_rows([doc_id for doc_id, _ in ranked])
         return [self._document(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+
+    def _dense(
+        self,
+        index: _ScopeIndex,
+        vector: Sequence[float],
+        where: dict[str, Any],
+        pool: int,
+        lexical: dict[str, float],
+    ) -> dict[str, float]:
+        """Cosine similarity of the best ``pool`` memories and of every lexical hit.
+
+        Exact, in-process, from the scope's cached vectors; Chroma answers only
+        for memories written before vectors were kept in the catalog.
+        """
+        matrix = index.matrix()
+        if matrix is not None:
+            import numpy as np
+
+            query = _unit_rows([vector])[0]
+            sims = matrix @ query
+            best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
+            dense = {index.ids[i]: float(sims[i]) for i in best}
+            position = {doc_id: i for i, doc_id in enumerate(index.ids)}
+            dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
+            return dense
+        found = self.collection.query(
+            query_embeddings=[list(vector)],
+            n_results=min(pool, len(index.rows)),
+            where=where,
+            include=["distances"],
+        )
+        dense = {
+            doc_id: 1.0 - distance
+            for doc_id, distance in zip(found["ids"][0], found["distances"][0], strict=True)
+            if doc_id in index.rows
+        }
+        dense.update(self._similarities(vector, [i for i in lexical if i not in dense]))
+        return dense
 
     def _similarities(self, vector: Sequence[float], ids: list[str]) -> dict[str, float]:
         if not ids:
@@ -695,7 +743,11 @@ class ChromaLongMemory(QueueWorker):
         while True:
 
             def page_plan() -> Plan[list[str]]:
-                result = yield select(c.id).where(_matches(c, session_id, user_id)).limit(PAGE)
+                result = (
+                    yield select(c.id)
+                    .where(*scope_conditions(self.memories, session_id, user_id))
+                    .limit(PAGE)
+                )
                 return [row.id for row in result]
 
             ids = self.backup.run(page_plan())
@@ -716,8 +768,13 @@ class ChromaLongMemory(QueueWorker):
         with self._scopes_lock:
             self._scopes.clear()
 
+    def _vectors_plan(self, rows: Sequence[Any], vectors: Sequence[Sequence[float]]) -> Plan[None]:
+        c = self.memories.c
+        for row, vector in zip(rows, vectors, strict=True):
+            yield update(self.memories).where(c.id == row.id).values(vector=_to_bytes(vector))
+
     def reindex(self, *, progress: bool = True) -> int:
-        """Rebuild the Chroma collection from the archive's memory catalog.
+        """Rebuild the Chroma collection (and the catalog's vectors) from the catalog.
 
         Returns:
             How many memories were written to Chroma.
@@ -739,12 +796,14 @@ class ChromaLongMemory(QueueWorker):
         after = 0
         with tqdm(total=total, desc="reindex", unit="memory", disable=not progress) as bar:
             while rows := self.backup.run(page_plan(after)):
+                vectors = self.embedding.embed_documents([row.text for row in rows])
                 self.collection.upsert(
                     ids=[row.id for row in rows],
-                    embeddings=self.embedding.embed_documents([row.text for row in rows]),
+                    embeddings=vectors,
                     documents=[row.text for row in rows],
                     metadatas=[_row_metadata(row) for row in rows],
                 )
+                self.backup.run(self._vectors_plan(rows, vectors))
                 after = rows[-1].seq
                 done += len(rows)
                 bar.update(len(rows))
@@ -761,18 +820,6 @@ def _turn_starts(roles: Sequence[str]) -> list[int]:
         if role == "human" and (index == 0 or roles[index - 1] != "human"):
             starts.append(index)
     return starts
-
-
-def _matches(columns: Any, session_id: str | None, user_id: str | None) -> Any:
-    conditions = []
-    if session_id is not None:
-        conditions.append(columns.session_id == session_id)
-    if user_id is not None:
-        conditions.append(columns.user_id == user_id)
-    condition = conditions[0]
-    for extra in conditions[1:]:
-        condition = condition & extra
-    return condition
 
 
 def _chroma_where(session_id: str | None, user_id: str | None) -> dict[str, Any]:
@@ -793,6 +840,26 @@ def _row_metadata(row: Any) -> dict[str, Any]:
         "turn_at": row.turn_at.isoformat(),
         "content_hash": row.content_hash,
     }
+
+
+def _to_bytes(vector: Sequence[float]) -> bytes:
+    import numpy as np  # comes with chromadb
+
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def _from_bytes(data: bytes) -> Any:
+    import numpy as np
+
+    return np.frombuffer(data, dtype=np.float32)
+
+
+def _unit_rows(vectors: Sequence[Any]) -> Any:
+    import numpy as np
+
+    matrix = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0, 1, norms)
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:

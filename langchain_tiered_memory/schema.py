@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -120,6 +121,9 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         # their words with the question that came before them.
         Column("context", Text, nullable=True),
         Column("kind", String(16), nullable=False),
+        # float32 bytes of the embedding: scoped dense search runs in-process,
+        # since Chroma's filtered queries slow down as the collection grows.
+        Column("vector", LargeBinary, nullable=True),
         Column("source_ids", Text, nullable=False),
         Column("turn_at", _timestamp(), nullable=False),
         Column("created_at", _timestamp(), nullable=False),

@@ -45,11 +45,14 @@ def atomic_write(path: Path, text: str) -> None:
     """Write via a temporary file, fsync and rename: readers see old or new, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class SessionFileArchive:
@@ -90,13 +93,17 @@ class SessionFileArchive:
 
     def _read(self, session_id: str) -> list[dict[str, Any]]:
         path, _ = self.paths(session_id)
-        if not path.exists():
+        try:  # no exists() check first: a concurrent clear may come in between
+            return json.loads(path.read_text(encoding="utf-8"))["messages"]
+        except FileNotFoundError:
             return []
-        return json.loads(path.read_text(encoding="utf-8"))["messages"]
 
     def _meta(self, session_id: str) -> dict[str, Any] | None:
         _, meta = self.paths(session_id)
-        return json.loads(meta.read_text(encoding="utf-8")) if meta.exists() else None
+        try:
+            return json.loads(meta.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
 
     def add_messages(
         self,
@@ -126,14 +133,25 @@ class SessionFileArchive:
                 {"created_at": now, "role": role_of(m), "data": message_to_dict(m)}
                 for m in messages
             )
-            meta = self._meta(session_id) or {"session_id": session_id, "created_at": now}
+            previous = self._meta(session_id)
+            meta = dict(previous or {"session_id": session_id, "created_at": now})
             meta.update(user_id=user_id or meta.get("user_id"), last_active=now)
             meta["message_count"] = len(stored)
             path, meta_path = self.paths(session_id)
-            atomic_write(
-                path, json.dumps({"session_id": session_id, "messages": stored}, ensure_ascii=False)
-            )
+            # The messages file is renamed last: it is the commit point. If it
+            # fails, the meta file is put back, so the session stays as it was.
             atomic_write(meta_path, json.dumps(meta, ensure_ascii=False))
+            try:
+                atomic_write(
+                    path,
+                    json.dumps({"session_id": session_id, "messages": stored}, ensure_ascii=False),
+                )
+            except BaseException:
+                if previous is None:
+                    meta_path.unlink(missing_ok=True)
+                else:
+                    atomic_write(meta_path, json.dumps(previous, ensure_ascii=False))
+                raise
         return list(range(first, first + len(messages)))
 
     async def aadd_messages(
@@ -160,6 +178,9 @@ class SessionFileArchive:
 
     def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns."""
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            msg = f"turns must be a positive int, got {turns!r}"
+            raise ValueError(msg)
         stored = self._read(session_id)
         humans = [i for i, item in enumerate(stored) if item["role"] == "human"]
         start = humans[-turns] if len(humans) >= turns else 0
@@ -193,7 +214,10 @@ class SessionFileArchive:
         """Sessions from their meta files, most recently active first."""
         infos = []
         for meta_path in self.root.glob("*.meta.json"):
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except FileNotFoundError:  # cleared while we listed
+                continue
             if user_id is not None and meta.get("user_id") != user_id:
                 continue
             infos.append(

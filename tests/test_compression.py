@@ -141,6 +141,19 @@ def test_repeated_tool_outputs_are_counted_not_repeated() -> None:
     assert len(timeline_tools) <= 1
 
 
+def test_repeats_are_recognised_across_re_compressions() -> None:
+    same = "检索到 5 个文档：ar_invoice ..." + "x" * 5000
+    compressor = ContextCompressor(compress_threshold=300)
+    history = [SystemMessage("s"), *lookup(0, "kb", same, "查询 0", "好的")]
+    history += [HumanMessage("下一个"), AIMessage("好")]
+    history = compressor.compress(history)  # the app carries the compressed history on
+    assert summaries(history)
+    history += [*lookup(1, "kb", same + "again", "查询 1", "好的")]
+    history += [HumanMessage("完"), AIMessage("完")]
+    (summary,) = summaries(compressor.compress(history))
+    assert summary.additional_kwargs[SUMMARY_KEY]["repeats"] == 1
+
+
 def test_timeline_entries_are_short_and_omissions_counted() -> None:
     messages = [SystemMessage("s")]
     for n in range(30):

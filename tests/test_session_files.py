@@ -1,0 +1,594 @@
+"""SessionFileArchive: the design's ``{session}.json`` files as the archive backend.
+
+Real files under ``tmp_path``; crashes are real child processes killed with SIGKILL
+or write failures injected with ``monkeypatch`` (``os.fsync``, ``os.replace``, a
+write that stops halfway).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    messages_from_dict,
+    messages_to_dict,
+)
+
+import langchain_tiered_memory.session_files as session_files
+from langchain_tiered_memory import (
+    MemoryConsolidator,
+    MySQLBackup,
+    SessionFileArchive,
+    TieredChatMessageHistory,
+)
+from langchain_tiered_memory._validation import safe_filename
+
+from .fakes import replies
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTILE = [
+    "../x",
+    "/etc/passwd",
+    "a/b",
+    "..",
+    ".",
+    "会话 1",
+    "会话_1",
+    "__x",
+    "x" * 255,
+    "a/../../b",
+    "..\\..\\x",
+    "x.meta",
+    ".lock",
+    " ",
+]
+
+
+def turn(n: int, *, tool: bool = False) -> list[BaseMessage]:
+    """One turn: a question, optionally a tool round trip, and an answer."""
+    messages: list[BaseMessage] = [HumanMessage(f"question {n}")]
+    if tool:
+        call_id = f"call-{n}"
+        messages += [
+            AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
+            ToolMessage(f"result {n}", tool_call_id=call_id),
+        ]
+    messages.append(AIMessage(f"answer {n}"))
+    return messages
+
+
+def rich_messages() -> list[BaseMessage]:
+    """Messages whose every field must survive the round trip."""
+    return [
+        SystemMessage("你是 ERP 助手 🤖"),
+        HumanMessage("订单表里 2024 年的销售额是多少？😀", id="h-1", name="张三"),
+        AIMessage(
+            "",
+            id="ai-1",
+            tool_calls=[
+                {"name": "run_sql", "args": {"sql": "SELECT SUM(amount) FROM 订单"}, "id": "c1"}
+            ],
+            additional_kwargs={"reasoning": "查询 🧮"},
+            response_metadata={"model_name": "fake", "finish_reason": "tool_calls"},
+            usage_metadata={"input_tokens": 12, "output_tokens": 3, "total_tokens": 15},
+        ),
+        ToolMessage('[{"sum": 1234.5}]', tool_call_id="c1", name="run_sql", artifact={"rows": 1}),
+        AIMessage([{"type": "text", "text": "总额是 1234.5 元 ✅"}], id="ai-2"),
+        HumanMessage('line one\nline two\ttab "quotes" \\ backslash \u2028 sep'),
+    ]
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (the lock file aside)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
+
+
+def _run(script: str, *args: str, **kwargs: Any) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        text=True,
+        **kwargs,
+    )
+
+
+# -- 1. window, restart, layout, round trip ----------------------------------------------
+
+_READ_WINDOW = r"""
+import json, sys
+from langchain_core.messages import messages_to_dict
+from langchain_tiered_memory import SessionFileArchive, TieredChatMessageHistory
+
+root, session = sys.argv[1:3]
+history = TieredChatMessageHistory(session, backup=SessionFileArchive(root), window_turns=2)
+print(json.dumps({"window": messages_to_dict(history.messages),
+                  "all": messages_to_dict(history.all_messages())}))
+"""
+
+
+def test_window_restart_and_the_files_on_disk(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    session = "订单/会话 1"
+    history = TieredChatMessageHistory(
+        session, user_id="u1", backup=SessionFileArchive(root), window_turns=2
+    )
+    turns = [turn(0), turn(1, tool=True), turn(2), turn(3, tool=True)]
+    history.add_messages(turns[0])
+    name = safe_filename(session)
+    data_path, meta_path = root / f"{name}.json", root / f"{name}.meta.json"
+    assert history.backup.paths(session) == (data_path, meta_path)
+    first_meta = read_json(meta_path)
+    for messages in turns[1:]:
+        history.add_messages(messages)
+    expected = turns[2] + turns[3]
+    assert history.messages == expected
+
+    # A new instance, and a fresh process, see the same window.
+    again = TieredChatMessageHistory(session, backup=SessionFileArchive(root), window_turns=2)
+    assert again.messages == expected
+    done = _run(
+        _READ_WINDOW, str(root), session, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ).communicate(timeout=120)
+    child = json.loads(done[0])
+    assert messages_from_dict(child["window"]) == expected
+    assert messages_from_dict(child["all"]) == [m for t in turns for m in t]
+
+    # The layout: {session}.json and {session}.meta.json, and nothing else.
+    assert sorted(p.name for p in root.iterdir() if p.name != ".lock") == sorted(
+        [data_path.name, meta_path.name]
+    )
+    data = read_json(data_path)
+    assert data["session_id"] == session
+    assert messages_from_dict([m["data"] for m in data["messages"]]) == [
+        m for t in turns for m in t
+    ]
+    assert [m["role"] for m in data["messages"][:4]] == ["human", "ai", "human", "ai"]
+    meta = read_json(meta_path)
+    assert meta["session_id"] == session and meta["user_id"] == "u1"
+    assert meta["message_count"] == 12
+    assert meta["created_at"] == first_meta["created_at"]  # kept from the first write
+    created = datetime.fromisoformat(meta["created_at"])
+    assert created <= datetime.fromisoformat(meta["last_active"])
+    assert first_meta["message_count"] == 2
+    [info] = history.backup.sessions()
+    assert (info.session_id, info.user_id, info.message_count) == (session, "u1", 12)
+    assert info.first_at == created
+
+
+def test_messages_round_trip_exactly(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    originals = rich_messages()
+    assert files.add_messages("rt", originals[:3]) == [1, 2, 3]
+    assert files.add_messages("rt", originals[3:]) == [4, 5, 6]
+    fresh = SessionFileArchive(tmp_path)
+    for archive in (files, fresh):
+        restored = archive.get_messages("rt")
+        assert restored == originals
+        assert messages_to_dict(restored) == messages_to_dict(originals)
+        assert restored[2].tool_calls == originals[2].tool_calls
+        assert restored[2].usage_metadata == originals[2].usage_metadata
+        assert restored[3].artifact == {"rows": 1}
+    text = files.paths("rt")[0].read_text(encoding="utf-8")
+    assert "订单" in text and "😀" in text  # stored readable, not \u-escaped
+    page = files.history("rt")
+    assert [m.id for m in page] == [1, 2, 3, 4, 5, 6]
+    assert [m.role for m in page] == ["system", "human", "ai", "tool", "ai", "human"]
+    assert [m.message for m in page] == originals
+
+
+async def test_async_methods_match_the_sync_ones(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    history = TieredChatMessageHistory("a", backup=files, window_turns=1)
+    await history.aadd_messages(turn(1))
+    await history.aadd_messages(turn(2, tool=True))
+    assert await history.aget_messages() == turn(2, tool=True)
+    assert await files.aget_messages("a") == turn(1) + turn(2, tool=True)
+    assert await files.aclear("a") == 6
+    assert await history.aget_messages() == []
+
+
+# -- 2. atomic writes ------------------------------------------------------------------
+
+
+def _seed(root: Path) -> tuple[SessionFileArchive, dict[str, bytes], list[BaseMessage]]:
+    files = SessionFileArchive(root)
+    before = turn(1, tool=True) + turn(2)
+    files.add_messages("s", before, user_id="u")
+    return files, tree(root), before
+
+
+def _assert_unchanged(
+    files: SessionFileArchive, root: Path, snapshot: dict[str, bytes], before: list[BaseMessage]
+) -> None:
+    data_path, meta_path = files.paths("s")
+    for path in (data_path, meta_path):
+        assert snapshot[path.name] == path.read_bytes()  # the old file, whole
+        read_json(path)  # and parseable
+    assert files.get_messages("s") == before
+    assert SessionFileArchive(root).get_messages("s") == before
+    assert read_json(meta_path)["message_count"] == len(before)
+    # Whatever was left behind is a temporary file, never a final path.
+    extra = set(tree(root)) - set(snapshot)
+    assert all(name.endswith(".tmp") and name.startswith(".") for name in extra)
+
+
+def test_a_failing_fsync_leaves_the_previous_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files, snapshot, before = _seed(tmp_path)
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        files.add_messages("s", turn(3))
+    monkeypatch.undo()
+    _assert_unchanged(files, tmp_path, snapshot, before)
+    files.add_messages("s", turn(3))  # and the archive works again
+    assert files.get_messages("s") == [*before, *turn(3)]
+
+
+def test_a_failing_rename_leaves_the_previous_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files, snapshot, before = _seed(tmp_path)
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="No space"):
+        files.add_messages("s", turn(3))
+    monkeypatch.undo()
+    _assert_unchanged(files, tmp_path, snapshot, before)
+
+
+def test_a_write_that_stops_halfway_leaves_the_previous_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files, snapshot, before = _seed(tmp_path)
+    real_open = open
+
+    class HalfWriter:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> HalfWriter:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def write(self, text: str) -> int:
+            self.handle.write(text[: len(text) // 2])
+            self.handle.flush()
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+    def half_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        return HalfWriter(handle) if "w" in mode else handle
+
+    monkeypatch.setattr(session_files, "open", half_open, raising=False)
+    with pytest.raises(OSError, match="No space"):
+        files.add_messages("s", turn(3))
+    monkeypatch.undo()
+    _assert_unchanged(files, tmp_path, snapshot, before)
+
+
+def test_an_add_that_raises_stores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If add_messages raises, the caller retries: the messages must not be stored already.
+
+    Here the first rename ({session}.json) succeeds and the second (.meta.json) fails.
+    """
+    files, _, before = _seed(tmp_path)
+    real_replace = os.replace
+    renames: list[str] = []
+
+    def replace_once(src: Any, dst: Any) -> None:
+        renames.append(Path(dst).name)
+        if len(renames) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_once)
+    with pytest.raises(OSError, match="No space"):
+        files.add_messages("s", turn(3))
+    monkeypatch.undo()
+    stored = files.get_messages("s")
+    meta = read_json(files.paths("s")[1])
+    assert stored == before, "add_messages raised, yet its messages were stored"
+    assert meta["message_count"] == len(stored)
+
+
+_KILLED_WRITER = r"""
+import sys
+from langchain_core.messages import HumanMessage
+from langchain_tiered_memory import SessionFileArchive
+
+files = SessionFileArchive(sys.argv[1])
+pad = "填充 padding " * 200  # a file that takes a while to write
+for n in range(100_000):
+    files.add_messages("crash", [HumanMessage(f"m{n} {pad}")])
+    print(f"ack {n}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
+    writer = _run(_KILLED_WRITER, str(tmp_path), stdout=subprocess.PIPE)
+    acknowledged = -1
+    try:
+        assert writer.stdout is not None
+        for line in writer.stdout:
+            acknowledged = int(line.split()[1])
+            if acknowledged >= 25:
+                os.kill(writer.pid, signal.SIGKILL)
+                break
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.wait(timeout=30)
+    assert writer.returncode == -signal.SIGKILL
+    files = SessionFileArchive(tmp_path)
+    data_path, meta_path = files.paths("crash")
+    read_json(data_path)
+    read_json(meta_path)
+    stored = [str(m.content).split()[0] for m in files.get_messages("crash")]
+    # Every acknowledged message is there, in order; at most the one in flight more.
+    assert stored[: acknowledged + 1] == [f"m{n}" for n in range(acknowledged + 1)]
+    assert len(stored) - (acknowledged + 1) in (0, 1, 2)
+    files.add_messages("crash", [HumanMessage("after the crash")])
+    assert str(files.get_messages("crash")[-1].content) == "after the crash"
+
+
+# -- 3. path safety, the other methods, and no job queue ----------------------------------
+
+
+def test_hostile_session_ids_never_leave_root(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    files = SessionFileArchive(root)
+    resolved = root.resolve()
+    paths = [files.paths(session) for session in HOSTILE]
+    for data_path, meta_path in paths:
+        for path in (data_path, meta_path):
+            assert path.resolve().is_relative_to(resolved)
+            assert path.resolve().parent == resolved
+    flat = [p for pair in paths for p in pair]
+    assert len(set(flat)) == 2 * len(HOSTILE)  # distinct ids never share a file
+
+    for n, session in enumerate(HOSTILE):
+        files.add_messages(session, turn(n), user_id="u1" if n % 2 else "u2")
+    on_disk = {p for p in tmp_path.rglob("*") if p.is_file()}
+    assert on_disk == {*flat, root / ".lock"}
+    for n, session in enumerate(HOSTILE):
+        assert files.get_messages(session) == turn(n)
+        assert [m.message for m in files.history(session)] == turn(n)
+        assert files.history(session)[0].session_id == session
+    assert sorted(info.session_id for info in files.sessions()) == sorted(HOSTILE)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "b").exists()
+
+
+def test_history_sessions_clear_and_forget(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    for n in range(5):
+        files.add_messages("p", turn(n), user_id="u1")
+    files.add_messages("q", turn(9), user_id="u1")
+    files.add_messages("r", turn(7), user_id="u2")
+
+    newest = files.history("p", limit=4)
+    assert [m.id for m in newest] == [7, 8, 9, 10]
+    older = files.history("p", before_id=newest[0].id, limit=4)
+    assert [m.id for m in older] == [3, 4, 5, 6]
+    assert [str(m.message.content) for m in older] == [
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2",
+    ]
+    assert [m.id for m in files.history("p", before_id=3, limit=50)] == [1, 2]
+    assert files.history("p", before_id=1) == []
+    assert all(m.user_id == "u1" for m in newest)
+    assert files.history("nobody") == []
+
+    assert [i.session_id for i in files.sessions()] == ["r", "q", "p"]  # most recent first
+    assert {i.session_id: i.message_count for i in files.sessions("u1")} == {"p": 10, "q": 2}
+
+    assert files.clear("q") == 2
+    assert not any(p.exists() for p in files.paths("q"))
+    assert files.clear("q") == 0
+    assert files.get_messages("q") == []
+    assert files.forget(user_id="u1") == 10
+    assert not any(p.exists() for p in files.paths("p"))
+    assert [i.session_id for i in files.sessions()] == ["r"]
+    assert files.get_messages("r") == turn(7)
+    assert files.forget(session_id="r") == 2
+    assert files.sessions() == []
+    with pytest.raises(ValueError, match="session_id or a user_id"):
+        files.forget()
+
+
+def test_requesting_background_jobs_is_a_value_error(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("s", turn(0))
+    with pytest.raises(ValueError, match="no job queue"):
+        files.add_messages("s", turn(1), jobs=["extract"])
+    with pytest.raises(ValueError, match="no job queue"):
+        files.add_messages("s", turn(1), consolidate_after=100)
+
+    # A history whose tiers would queue jobs on this archive.
+    tier = SimpleNamespace(backup=files, threshold=100, notify=lambda: None)
+    with_memory = TieredChatMessageHistory("s", backup=files, long_memory=tier)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no job queue"):
+        with_memory.add_messages(turn(1))
+    with_consolidator = TieredChatMessageHistory("s", backup=files, consolidator=tier)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no job queue"):
+        with_consolidator.add_messages([HumanMessage("q")])
+    assert files.get_messages("s") == turn(0)  # nothing of the refused batches
+
+    # A real tier lives on a database archive, which is not this one.
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    database = MySQLBackup(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    consolidator = MemoryConsolidator(
+        GenericFakeChatModel(messages=replies()),
+        root=tmp_path / "m",
+        backup=database,
+        start_worker=False,
+    )
+    try:
+        with pytest.raises(ValueError, match="same backup"):
+            TieredChatMessageHistory("s", backup=files, consolidator=consolidator)
+    finally:
+        consolidator.close()
+        database.dispose()
+
+
+def test_readers_survive_a_session_cleared_under_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session cleared (or forgotten) by another request while it is being read.
+
+    The reads check ``exists()`` and then read the file, and ``sessions()`` globs and
+    then reads each meta file, without the lock: the file can vanish in between.
+    The interleaving is forced here by clearing the session just before the read.
+    """
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("stays", turn(1), user_id="u")
+    real_read_text = Path.read_text
+    armed: list[str] = []
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if armed and self.name.startswith(safe_filename("goes")):
+            armed.clear()
+            files.clear("goes")  # another thread wins the race right now
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    outcomes: dict[str, Any] = {}
+    for name, read in {
+        "sessions": lambda: [i.session_id for i in files.sessions()],
+        "get_messages": lambda: files.get_messages("goes"),
+        "tail": lambda: files.tail("goes", 2),
+        "history": lambda: files.history("goes"),
+    }.items():
+        files.add_messages("goes", turn(2), user_id="u")
+        armed.append("once")
+        try:
+            outcomes[name] = read()
+        except FileNotFoundError as exc:
+            outcomes[name] = f"FileNotFoundError: {exc.filename}"
+    assert outcomes == {"sessions": ["stays"], "get_messages": [], "tail": [], "history": []}
+
+
+# -- 4. concurrency --------------------------------------------------------------------
+
+
+def test_eight_threads_eight_sessions_nothing_lost(tmp_path: Path) -> None:
+    shared = SessionFileArchive(tmp_path)
+    errors: list[BaseException] = []
+
+    def talk(worker: int) -> None:
+        # Half the threads share one archive object, half have their own.
+        files = shared if worker % 2 else SessionFileArchive(tmp_path)
+        history = TieredChatMessageHistory(f"t{worker}", backup=files, window_turns=3)
+        try:
+            for n in range(15):
+                history.add_messages(turn(worker * 100 + n))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=talk, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    for worker in range(8):
+        expected = [m for n in range(15) for m in turn(worker * 100 + n)]
+        assert shared.get_messages(f"t{worker}") == expected
+        window = TieredChatMessageHistory(f"t{worker}", backup=shared, window_turns=3).messages
+        assert window == expected[-6:]
+    assert {i.session_id: i.message_count for i in shared.sessions()} == {
+        f"t{w}": 30 for w in range(8)
+    }
+
+
+_SAME_SESSION_WRITER = r"""
+import sys
+from langchain_core.messages import HumanMessage
+from langchain_tiered_memory import SessionFileArchive
+
+root, tag, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = SessionFileArchive(root)
+print("ready", flush=True)
+sys.stdin.readline()  # start together
+for n in range(count):
+    files.add_messages("together", [HumanMessage(f"{tag}-{n}")], user_id="u")
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_writing_one_session_lose_nothing(tmp_path: Path) -> None:
+    count = 30
+    writers = [
+        _run(
+            _SAME_SESSION_WRITER,
+            str(tmp_path),
+            tag,
+            str(count),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        for tag in ("A", "B")
+    ]
+    try:
+        for writer in writers:
+            assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        for writer in writers:
+            assert writer.stdin is not None
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+        for writer in writers:
+            assert writer.wait(timeout=120) == 0
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait(timeout=30)
+    files = SessionFileArchive(tmp_path)
+    stored = [str(m.content) for m in files.get_messages("together")]
+    assert len(stored) == 2 * count
+    for tag in ("A", "B"):
+        assert [s for s in stored if s.startswith(f"{tag}-")] == [
+            f"{tag}-{n}" for n in range(count)
+        ]
+    [info] = files.sessions()
+    assert info.message_count == 2 * count
