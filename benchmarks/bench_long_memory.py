@@ -262,6 +262,8 @@ def populate(
         base = pool_vectors[pool_index[lo : lo + chunk]]
         vectors = base + rng.normal(0.0, noise, base.shape).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        for row, vector in zip(part, vectors, strict=True):
+            row["vector"] = vector.astype(np.float32).tobytes()  # the catalog keeps it too
         collection.upsert(
             ids=[r["id"] for r in part],
             embeddings=vectors,
