@@ -9,11 +9,43 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatResult
 from pydantic import Field
 
 from langchain_tiered_memory.lexical import tokenize
+
+#: Session ids that try to escape a folder or confuse a file system.
+HOSTILE = [
+    "../x",
+    "/etc/passwd",
+    "a/b",
+    "..",
+    ".",
+    "会话 1",
+    "会话_1",
+    "__x",
+    "x" * 255,
+    "a/../../b",
+    "..\\..\\x",
+    "x.meta",
+    ".lock",
+    "~root",
+    " ",
+]
+
+
+def turn(n: int, *, tool: bool = False) -> list[BaseMessage]:
+    """One user turn: a question, optionally a tool round trip, and an answer."""
+    messages: list[BaseMessage] = [HumanMessage(f"question {n}")]
+    if tool:
+        call_id = f"call-{n}"
+        messages += [
+            AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
+            ToolMessage(f"result {n}", tool_call_id=call_id),
+        ]
+    messages.append(AIMessage(f"answer {n}"))
+    return messages
 
 
 def replies(*texts: str) -> Iterator[AIMessage]:

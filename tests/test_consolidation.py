@@ -34,6 +34,7 @@ from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory._validation import safe_filename
 from langchain_tiered_memory.consolidation import MemoryConsolidator
 
+from .fakes import HOSTILE
 from .long_memory_support import job_rows, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -851,22 +852,6 @@ def test_forget_during_a_consolidation_leaves_no_files(
 
 
 # -- 7. hostile session ids --------------------------------------------------------------
-
-HOSTILE = [
-    "../x",
-    "/etc/passwd",
-    "a/b",
-    "..",
-    ".",
-    "会话 1",
-    "会话_1",
-    "__x",
-    "x" * 255,
-    "a/../../b",
-    "..\\..\\x",
-    "~root",
-    " ",
-]
 
 
 def test_hostile_session_ids_stay_inside_root(

@@ -24,20 +24,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, estimate_tokens
 
-from .fakes import CountingModel, RecordingChatModel, replies
-
-
-def turn(n: int, *, tool: bool = False) -> list[BaseMessage]:
-    """One user turn: a question, optionally a tool round trip, and an answer."""
-    messages: list[BaseMessage] = [HumanMessage(f"question {n}")]
-    if tool:
-        call_id = f"call-{n}"
-        messages += [
-            AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
-            ToolMessage(f"result {n}", tool_call_id=call_id),
-        ]
-    messages.append(AIMessage(f"answer {n}"))
-    return messages
+from .fakes import CountingModel, RecordingChatModel, replies, turn
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:

@@ -38,38 +38,9 @@ from langchain_tiered_memory import (
 )
 from langchain_tiered_memory._validation import safe_filename
 
-from .fakes import replies
+from .fakes import HOSTILE, replies, turn
 
 REPO = Path(__file__).resolve().parents[1]
-HOSTILE = [
-    "../x",
-    "/etc/passwd",
-    "a/b",
-    "..",
-    ".",
-    "会话 1",
-    "会话_1",
-    "__x",
-    "x" * 255,
-    "a/../../b",
-    "..\\..\\x",
-    "x.meta",
-    ".lock",
-    " ",
-]
-
-
-def turn(n: int, *, tool: bool = False) -> list[BaseMessage]:
-    """One turn: a question, optionally a tool round trip, and an answer."""
-    messages: list[BaseMessage] = [HumanMessage(f"question {n}")]
-    if tool:
-        call_id = f"call-{n}"
-        messages += [
-            AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
-            ToolMessage(f"result {n}", tool_call_id=call_id),
-        ]
-    messages.append(AIMessage(f"answer {n}"))
-    return messages
 
 
 def rich_messages() -> list[BaseMessage]:
