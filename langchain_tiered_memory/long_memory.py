@@ -492,14 +492,13 @@ class ChromaLongMemory(QueueWorker):
             result = yield select(c.id, c.source_ids).where(c.id.in_(list(memory_ids)))
             return result.all()
 
-        rows = self.backup.run(plan())
+        rows = self.backup.run(plan(), read_only=True)
         if rows:
             self.collection.update(
                 ids=[row.id for row in rows],
                 metadatas=[{"source_ids": row.source_ids} for row in rows],
             )
-        with self._scopes_lock:
-            self._scopes.clear()  # provenance changed under the cached rows
+        # No cache reset: search reads provenance fresh from the catalog (_fresh_rows).
 
     # -- retrieval ------------------------------------------------------------
 
