@@ -19,7 +19,7 @@ $(VENV)/.demo: $(VENV)/.base pyproject.toml
 
 $(VENV)/.test: $(VENV)/.base pyproject.toml
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[dev,chroma,offline-embeddings]'
+	$(PY) -m pip install --quiet -e '.[dev,chroma,offline-embeddings,classic,agents,knowledge,notebooks]'
 	touch $@ $(VENV)/.demo
 
 demo: $(VENV)/.demo

@@ -17,17 +17,42 @@ from langchain_tiered_memory.long_memory import ChromaLongMemory, LongMemoryRetr
 from langchain_tiered_memory.session_files import SessionFileArchive
 from langchain_tiered_memory.tokens import estimate_tokens
 
+# Entry points whose modules import optional extras (langchain-classic, langchain v1,
+# langchain-text-splitters) load on first use.
+_LAZY = {
+    "FinishReasonHandler": "langchain_tiered_memory.finish_reason",
+    "KnowledgeBase": "langchain_tiered_memory.knowledge",
+    "TieredMemory": "langchain_tiered_memory.classic",
+    "TieredMemoryMiddleware": "langchain_tiered_memory.middleware",
+    "create_tiered_chain": "langchain_tiered_memory.chain",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)
+
+
 __all__ = [
     "ArchiveUnavailableError",
     "ArchivedMessage",
     "ChromaLongMemory",
     "ContextCompressor",
     "ContextOverflowError",
+    "FinishReasonHandler",
+    "KnowledgeBase",
     "LongMemoryRetriever",
     "MemoryConsolidator",
     "MySQLBackup",
+    "TieredMemory",
+    "TieredMemoryMiddleware",
     "SessionFileArchive",
     "SessionInfo",
     "TieredChatMessageHistory",
+    "create_tiered_chain",
     "estimate_tokens",
 ]

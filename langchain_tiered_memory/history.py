@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.long_memory import ChromaLongMemory
     from langchain_tiered_memory.session_files import SessionFileArchive
 
+CONSOLIDATED_HEADER = "Consolidated memory (MEMORY.md):"
+MEMORIES_HEADER = "Relevant long-term memories:"
+
 _default_backups: dict[str, MySQLBackup] = {}
 _default_lock = threading.Lock()
 
@@ -32,6 +35,51 @@ def default_backup() -> MySQLBackup:
         if backup is None:
             backup = _default_backups[key] = MySQLBackup()
         return backup
+
+
+def resolve_backup(
+    backup: MySQLBackup | SessionFileArchive | str | None,
+    long_memory: ChromaLongMemory | None,
+    consolidator: MemoryConsolidator | None,
+    owner: str,
+) -> MySQLBackup | SessionFileArchive:
+    """The archive an entry point uses; the tiers must share it (their job queue lives there).
+
+    A URL string becomes a ``MySQLBackup`` once; ``None`` means the tiers' archive or
+    the embedded default.
+
+    Raises:
+        ValueError: If a tier uses another archive.
+    """
+    if isinstance(backup, str):
+        backup = MySQLBackup(backup)
+    if backup is None:
+        tier = long_memory if long_memory is not None else consolidator
+        backup = tier.backup if tier is not None else default_backup()
+    for name, tier in (("long_memory", long_memory), ("consolidator", consolidator)):
+        if tier is not None and tier.backup is not backup:
+            msg = (
+                f"{name} must use the {owner}'s archive (its job queue lives there): "
+                "pass the same backup= to both"
+            )
+            raise ValueError(msg)
+    return backup
+
+
+def format_memory_context(consolidated: str, memories: Sequence[Document]) -> str:
+    """A session's memory context as text: MEMORY.md, then the relevant memories.
+
+    Returns ``""`` when there is neither, so nothing is added to a prompt.
+    """
+    parts = []
+    if consolidated.strip():
+        parts.append(f"{CONSOLIDATED_HEADER}\n{consolidated.strip()}")
+    if memories:
+        # A raw-turn memory spans lines ("User: ...", "AI: ..."): indent them under
+        # their bullet so one memory stays one item.
+        items = ["- " + doc.page_content.strip().replace("\n", "\n  ") for doc in memories]
+        parts.append(MEMORIES_HEADER + "\n" + "\n".join(items))
+    return "\n\n".join(parts)
 
 
 class TieredChatMessageHistory(BaseChatMessageHistory):
@@ -91,16 +139,7 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
     ) -> None:
         self.session_id = validate_id(session_id, "session_id")
         self.user_id = validate_optional_id(user_id, "user_id")
-        if isinstance(backup, str):
-            backup = MySQLBackup(backup)
-        self.backup = backup if backup is not None else default_backup()
-        for name, tier in (("long_memory", long_memory), ("consolidator", consolidator)):
-            if tier is not None and tier.backup is not self.backup:
-                msg = (
-                    f"{name} must use the history's archive (its job queue lives there): "
-                    "pass the same backup= to both"
-                )
-                raise ValueError(msg)
+        self.backup = resolve_backup(backup, long_memory, consolidator, "history")
         self.long_memory = long_memory
         self.consolidator = consolidator
         if isinstance(window_turns, bool) or not isinstance(window_turns, int) or window_turns < 1:

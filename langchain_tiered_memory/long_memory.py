@@ -33,6 +33,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory._extras import import_extra
 from langchain_tiered_memory._validation import validate_id
 from langchain_tiered_memory.archive import (
     MySQLBackup,
@@ -115,17 +116,6 @@ def _chroma_settings() -> Any:
 
     return Settings(anonymized_telemetry=False)
 
-
-def _import_chromadb() -> Any:
-    try:
-        import chromadb
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        msg = (
-            "ChromaLongMemory needs the 'chroma' extra: "
-            "pip install 'langchain-tiered-memory[chroma]'"
-        )
-        raise ImportError(msg) from exc
-    return chromadb
 
 
 class ChromaLongMemory(QueueWorker):
@@ -243,7 +233,7 @@ class ChromaLongMemory(QueueWorker):
     def _make_client(client: Any, persist_directory: Any, host: str | None, port: int) -> Any:
         if client is not None:
             return client
-        chromadb = _import_chromadb()
+        chromadb = import_extra("chromadb", "chroma", "ChromaLongMemory")
         if persist_directory is None and host is not None:
             return chromadb.HttpClient(host=host, port=port, settings=_chroma_settings())
         path = Path(persist_directory) if persist_directory else default_home() / "chroma"

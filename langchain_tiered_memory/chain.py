@@ -1,0 +1,585 @@
+"""``create_tiered_chain``: the v3 design's whole chat pipeline as one Runnable.
+
+Per call::
+
+    input ──► long-term memories (scoped search) + MEMORY.md + window + knowledge docs
+          ──► v3 prompt ──► ContextCompressor (if over budget)
+          ──► LLM (FinishReasonHandler) ──► answer (or stream)
+          ──► the turn is archived; extraction and consolidation are queued
+
+The prompt follows the v3 layout (long-term memories, recent conversation,
+knowledge base, question), as chat messages so that the compressor can summarise
+old turns and never splits a tool call from its result:
+
+* a system message: the system prompt, then the long-term memories (MEMORY.md and
+  the memories retrieved for the question), then a line announcing the recent
+  conversation;
+* the window's messages, oldest first;
+* a human message: the knowledge-base documents, then the question (just the
+  question when there are no documents, like the archived questions in the window).
+
+Empty sections are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.documents import Document
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+)
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
+from langchain_core.runnables.config import run_in_executor
+
+from langchain_tiered_memory.archive import MySQLBackup
+from langchain_tiered_memory.compression import ContextCompressor
+from langchain_tiered_memory.finish_reason import FinishReasonHandler, _as_ai
+from langchain_tiered_memory.history import TieredChatMessageHistory, resolve_backup
+from langchain_tiered_memory.knowledge import KnowledgeBase
+
+if TYPE_CHECKING:
+    from langchain_tiered_memory.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.session_files import SessionFileArchive
+    from langchain_tiered_memory.tokens import TokenCounter
+
+logger = logging.getLogger(__name__)
+
+#: Section labels of the v3 prompt ("zh" as in the design document).
+LABELS: dict[str, dict[str, str]] = {
+    "en": {
+        "system": (
+            "You are a helpful assistant. Use the memories and the reference material "
+            "below when they are relevant; when they do not answer the question, say so "
+            "instead of guessing."
+        ),
+        "memories": "Summary of earlier conversations (long-term memory)",
+        "consolidated": "Consolidated memory (MEMORY.md)",
+        "retrieved": "Relevant memories",
+        "recent": "Recent conversation",
+        "recent_note": "The most recent turns of this conversation follow as messages.",
+        "knowledge": "Reference material (knowledge base)",
+        "question": "User question",
+    },
+    "zh": {
+        "system": (
+            "你是一个乐于助人的助手。下面的记忆和资料与问题相关时请参考；"
+            "如果它们不能回答问题，请直接说明，不要编造。"
+        ),
+        "memories": "历史对话摘要（长期记忆）",
+        "consolidated": "长期记忆（MEMORY.md）",
+        "retrieved": "相关记忆",
+        "recent": "最近通话记录",
+        "recent_note": "以下消息是本会话最近几轮的对话。",
+        "knowledge": "资料（知识库）",
+        "question": "用户问题",
+    },
+}
+
+
+class RetrievalFailedWarning(RuntimeWarning):
+    """A context tier failed and the chain answered without it.
+
+    The tiers are the long-term memory search, MEMORY.md and the knowledge base.
+    """
+
+
+@dataclass
+class _Context:
+    window: list[BaseMessage] = field(default_factory=list)
+    memories: list[Document] = field(default_factory=list)
+    consolidated: str = ""
+    documents: list[Document] = field(default_factory=list)
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return text.replace("\n", "\n" + prefix)
+
+
+def _memory_line(doc: Document) -> str:
+    day = str(doc.metadata.get("turn_at") or "")[:10]
+    text = _indent(doc.page_content.strip())
+    return f"- ({day}) {text}" if day else f"- {text}"
+
+
+def _document_block(position: int, doc: Document) -> str:
+    source = doc.metadata.get("source") or doc.metadata.get("filename")
+    head = f"[{position}] {source}" if source else f"[{position}]"
+    return f"{head}\n{doc.page_content.strip()}"
+
+
+def _as_documents(value: Any) -> list[Document]:
+    if isinstance(value, Document):
+        return [value]
+    if isinstance(value, str):
+        return [Document(page_content=value)]
+    return [
+        item if isinstance(item, Document) else Document(page_content=str(item)) for item in value
+    ]
+
+
+class TieredChain(Runnable[Any, AIMessage]):
+    """The assembled pipeline; build it with :func:`create_tiered_chain`.
+
+    Input: ``{"input": "..."}`` (the key is ``input_key``), a plain string, or a
+    ``HumanMessage``. Config: ``config["configurable"]["session_id"]`` (required)
+    and ``["user_id"]`` (optional; required for ``memory_scope="user"``).
+    ``invoke``/``ainvoke`` return the ``AIMessage``; ``stream``/``astream`` yield
+    ``AIMessageChunk``. The turn is archived only once the answer is complete; an
+    error (or a consumer that stops reading a stream early) leaves the archive as
+    it was.
+    """
+
+    def __init__(
+        self,
+        llm: Runnable[Any, Any],
+        *,
+        backup: MySQLBackup | SessionFileArchive | str | None = None,
+        long_memory: ChromaLongMemory | None = None,
+        knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
+        consolidator: MemoryConsolidator | None = None,
+        compressor: Runnable[Any, list[BaseMessage]] | None = None,
+        system_prompt: str | None = None,
+        language: Literal["en", "zh"] = "en",
+        input_key: str = "input",
+        window_turns: int = 10,
+        window_max_tokens: int | None = 8000,
+        token_counter: TokenCounter | None = None,
+        k: int = 10,
+        memory_scope: Literal["session", "user"] = "session",
+        knowledge_k: int = 4,
+        max_continuations: int = 3,
+        retrieval_errors: Literal["warn", "raise"] = "warn",
+    ) -> None:
+        if language not in LABELS:
+            msg = f"language must be 'en' or 'zh', got {language!r}"
+            raise ValueError(msg)
+        if memory_scope not in ("session", "user"):
+            msg = f"memory_scope must be 'session' or 'user', got {memory_scope!r}"
+            raise ValueError(msg)
+        if retrieval_errors not in ("warn", "raise"):
+            msg = f"retrieval_errors must be 'warn' or 'raise', got {retrieval_errors!r}"
+            raise ValueError(msg)
+        if not isinstance(input_key, str) or not input_key:
+            msg = f"input_key must be a non-empty str, got {input_key!r}"
+            raise ValueError(msg)
+        for name, value in (("k", k), ("knowledge_k", knowledge_k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"{name} must be a positive int, got {value!r}"
+                raise ValueError(msg)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            msg = f"system_prompt must be a str or None, got {type(system_prompt).__name__}"
+            raise TypeError(msg)
+        if isinstance(knowledge, KnowledgeBase):
+            knowledge = knowledge.as_retriever(k=knowledge_k)
+        if knowledge is not None and not isinstance(knowledge, Runnable):
+            msg = (
+                "knowledge must be a BaseRetriever (or a KnowledgeBase, or a Runnable from "
+                f"a query to documents), got {type(knowledge).__name__}"
+            )
+            raise TypeError(msg)
+        if compressor is not None and not isinstance(compressor, Runnable):
+            msg = f"compressor must be a ContextCompressor or a Runnable, got {compressor!r}"
+            raise TypeError(msg)
+        backup = resolve_backup(backup, long_memory, consolidator, "chain")
+        if isinstance(llm, FinishReasonHandler):
+            self.llm = llm
+        else:
+            self.llm = FinishReasonHandler(
+                llm, max_continuations=max_continuations, language=language
+            )
+        self.backup = backup
+        self.long_memory = long_memory
+        self.knowledge = knowledge
+        self.consolidator = consolidator
+        self.compressor = compressor or ContextCompressor(
+            token_counter=token_counter, language=language
+        )
+        self.language = language
+        self.labels = LABELS[language]
+        self.system_prompt = self.labels["system"] if system_prompt is None else system_prompt
+        self.input_key = input_key
+        self.window_turns = window_turns
+        self.window_max_tokens = window_max_tokens
+        self.token_counter = token_counter
+        self.k = k
+        self.memory_scope = memory_scope
+        self.retrieval_errors = retrieval_errors
+        # Fail now, not on the first call, on a bad window setting.
+        self._history("__check__", None)
+
+    def __repr__(self) -> str:
+        return f"TieredChain(llm={self.llm!r}, backup={self.backup!r}, language={self.language!r})"
+
+    # -- per call ---------------------------------------------------------------
+
+    def _history(self, session_id: Any, user_id: Any) -> TieredChatMessageHistory:
+        return TieredChatMessageHistory(
+            session_id,
+            user_id=user_id,
+            backup=self.backup,
+            long_memory=self.long_memory,
+            consolidator=self.consolidator,
+            window_turns=self.window_turns,
+            window_max_tokens=self.window_max_tokens,
+            token_counter=self.token_counter,
+        )
+
+    def _question(self, input: Any) -> str:
+        if isinstance(input, dict):
+            if self.input_key not in input:
+                msg = f"the input has no {self.input_key!r} key (keys: {sorted(map(str, input))})"
+                raise KeyError(msg)
+            value = input[self.input_key]
+        elif isinstance(input, HumanMessage):
+            value = input.text
+        else:
+            value = input
+        if not isinstance(value, str):
+            msg = (
+                f"the question must be a str (input[{self.input_key!r}] or the input itself), "
+                f"got {type(value).__name__}"
+            )
+            raise TypeError(msg)
+        return value
+
+    def _start(self, input: Any, config: RunnableConfig) -> tuple[str, TieredChatMessageHistory]:
+        question = self._question(input)
+        configurable = config.get("configurable") or {}
+        session_id = configurable.get("session_id")
+        if session_id is None:
+            msg = (
+                "the tiered chain needs a session: "
+                "config={'configurable': {'session_id': '...', 'user_id': '...'}}"
+            )
+            raise ValueError(msg)
+        history = self._history(session_id, configurable.get("user_id"))
+        if self.long_memory is not None and self.memory_scope == "user" and not history.user_id:
+            msg = "memory_scope='user' needs config['configurable']['user_id']"
+            raise ValueError(msg)
+        return question, history
+
+    def _failed(self, tier: str, exc: Exception) -> None:
+        if self.retrieval_errors == "raise":
+            raise exc
+        # Logged every time (operators), and a warning (visible in development and
+        # filterable by category); the answer goes on without this tier.
+        logger.warning("%s failed, answering without it: %s: %s", tier, type(exc).__name__, exc)
+        warnings.warn(
+            f"{tier} failed, answering without it: {type(exc).__name__}: {exc}",
+            RetrievalFailedWarning,
+            stacklevel=2,
+        )
+
+    def _memory_retriever(self, history: TieredChatMessageHistory) -> Runnable[str, Any]:
+        assert self.long_memory is not None
+        return self.long_memory.as_retriever(
+            session_id=history.session_id,
+            user_id=history.user_id,
+            scope=self.memory_scope,
+            k=self.k,
+        )
+
+    def _context(
+        self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
+    ) -> _Context:
+        context = _Context(window=history.messages)
+        if self.long_memory is not None:
+            try:
+                context.memories = _as_documents(
+                    self._memory_retriever(history).invoke(question, config)
+                )
+            except Exception as exc:
+                self._failed("long-term memory search", exc)
+        if self.consolidator is not None:
+            try:
+                context.consolidated = history.consolidated_memory
+            except Exception as exc:
+                self._failed("MEMORY.md", exc)
+        if self.knowledge is not None:
+            try:
+                context.documents = _as_documents(self.knowledge.invoke(question, config))
+            except Exception as exc:
+                self._failed("knowledge base retrieval", exc)
+        return context
+
+    async def _acontext(
+        self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
+    ) -> _Context:
+        async def memories() -> list[Document]:
+            if self.long_memory is None:
+                return []
+            try:
+                # ChromaLongMemory has no async search: BaseRetriever.ainvoke runs
+                # the sync one in the executor.
+                found = await self._memory_retriever(history).ainvoke(question, config)
+            except Exception as exc:
+                self._failed("long-term memory search", exc)
+                return []
+            return _as_documents(found)
+
+        async def consolidated() -> str:
+            if self.consolidator is None:
+                return ""
+            try:  # a sync-only database read
+                return await run_in_executor(config, lambda: history.consolidated_memory)
+            except Exception as exc:
+                self._failed("MEMORY.md", exc)
+                return ""
+
+        async def documents() -> list[Document]:
+            if self.knowledge is None:
+                return []
+            try:
+                found = await self.knowledge.ainvoke(question, config)
+            except Exception as exc:
+                self._failed("knowledge base retrieval", exc)
+                return []
+            return _as_documents(found)
+
+        results = await asyncio.gather(
+            history.aget_messages(), memories(), consolidated(), documents(),
+            return_exceptions=True,
+        )  # fmt: skip
+        for result in results:  # only the window read raises: the archive is required
+            if isinstance(result, BaseException):
+                raise result
+        window, found, memory_md, docs = results
+        return _Context(
+            window=window,  # type: ignore[arg-type]
+            memories=found,  # type: ignore[arg-type]
+            consolidated=memory_md,  # type: ignore[arg-type]
+            documents=docs,  # type: ignore[arg-type]
+        )
+
+    def assemble(self, question: str, context: _Context) -> list[BaseMessage]:
+        """The v3 prompt for ``question`` (before compression)."""
+        labels = self.labels
+        system = [self.system_prompt] if self.system_prompt else []
+        memory_md = context.consolidated.strip()
+        if memory_md or context.memories:
+            section = [f"## {labels['memories']}"]
+            if memory_md:
+                section.append(f"### {labels['consolidated']}\n{memory_md}")
+            if context.memories:
+                lines = "\n".join(_memory_line(doc) for doc in context.memories)
+                section.append(f"### {labels['retrieved']}\n{lines}" if memory_md else lines)
+            system.append("\n".join(section))
+        if context.window:
+            system.append(f"## {labels['recent']}\n{labels['recent_note']}")
+        messages: list[BaseMessage] = [SystemMessage("\n\n".join(system))] if system else []
+        messages.extend(context.window)
+        if context.documents:
+            blocks = "\n\n".join(
+                _document_block(position, doc)
+                for position, doc in enumerate(context.documents, start=1)
+            )
+            messages.append(
+                HumanMessage(
+                    f"## {labels['knowledge']}\n{blocks}\n\n## {labels['question']}\n{question}"
+                )
+            )
+        else:
+            messages.append(HumanMessage(question))
+        return messages
+
+    def _prepare(
+        self, input: Any, config: RunnableConfig
+    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
+        question, history = self._start(input, config)
+        messages = self.assemble(question, self._context(question, history, config))
+        return question, history, self.compressor.invoke(messages, config)
+
+    async def _aprepare(
+        self, input: Any, config: RunnableConfig
+    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
+        question, history = self._start(input, config)
+        messages = self.assemble(question, await self._acontext(question, history, config))
+        return question, history, await self.compressor.ainvoke(messages, config)
+
+    def get_prompt(self, input: Any, config: RunnableConfig | None = None) -> list[BaseMessage]:
+        """The messages the LLM would be sent for ``input`` now (after compression).
+
+        Nothing is archived and the LLM is not called: for debugging and tests.
+        """
+        return self._prepare(input, ensure_config(config))[2]
+
+    async def aget_prompt(
+        self, input: Any, config: RunnableConfig | None = None
+    ) -> list[BaseMessage]:
+        """Async :meth:`get_prompt`."""
+        return (await self._aprepare(input, ensure_config(config)))[2]
+
+    # -- Runnable ---------------------------------------------------------------
+
+    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+        question, history, messages = self._prepare(input, config)
+        answer = self.llm.invoke(messages, config)
+        history.add_messages([HumanMessage(question), answer])
+        return answer
+
+    async def _ainvoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+        question, history, messages = await self._aprepare(input, config)
+        answer = await self.llm.ainvoke(messages, config)
+        await history.aadd_messages([HumanMessage(question), answer])
+        return answer
+
+    def _stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AIMessageChunk]:
+        question, history, messages = self._prepare(next(iter(inputs)), config)
+        answer: AIMessageChunk | None = None
+        for chunk in self.llm.stream(messages, config):
+            answer = chunk if answer is None else answer + chunk
+            yield chunk
+        # Reached only when the stream completed: an error or an abandoned stream
+        # never archives half an answer.
+        history.add_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
+
+    async def _astream(
+        self, inputs: AsyncIterator[Any], config: RunnableConfig
+    ) -> AsyncIterator[AIMessageChunk]:
+        question, history, messages = await self._aprepare(await anext(aiter(inputs)), config)
+        answer: AIMessageChunk | None = None
+        async for chunk in self.llm.astream(messages, config):
+            answer = chunk if answer is None else answer + chunk
+            yield chunk
+        await history.aadd_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
+        """Answer one question of a session and archive the turn."""
+        return self._call_with_config(self._invoke, input, config)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AIMessage:
+        """Async :meth:`invoke`: async archive reads and writes, the model's async path."""
+        return await self._acall_with_config(self._ainvoke, input, config)
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[AIMessageChunk]:
+        """Stream the answer; the turn is archived after the last chunk."""
+        yield from self._transform_stream_with_config(iter([input]), self._stream, config)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[AIMessageChunk]:
+        """Async :meth:`stream`."""
+
+        async def single() -> AsyncIterator[Any]:
+            yield input
+
+        async for chunk in self._atransform_stream_with_config(single(), self._astream, config):
+            yield chunk
+
+
+def create_tiered_chain(
+    llm: Runnable[Any, Any],
+    *,
+    backup: MySQLBackup | SessionFileArchive | str | None = None,
+    long_memory: ChromaLongMemory | None = None,
+    knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
+    consolidator: MemoryConsolidator | None = None,
+    compressor: Runnable[Any, list[BaseMessage]] | None = None,
+    system_prompt: str | None = None,
+    language: Literal["en", "zh"] = "en",
+    input_key: str = "input",
+    window_turns: int = 10,
+    window_max_tokens: int | None = 8000,
+    token_counter: TokenCounter | None = None,
+    k: int = 10,
+    memory_scope: Literal["session", "user"] = "session",
+    knowledge_k: int = 4,
+    max_continuations: int = 3,
+    retrieval_errors: Literal["warn", "raise"] = "warn",
+) -> TieredChain:
+    """The v3 design's chat pipeline: memories, window, knowledge, compression, LLM.
+
+    Each call reads ``session_id`` (required) and ``user_id`` from
+    ``config["configurable"]``, retrieves the session's (or user's) long-term
+    memories for the question, adds the consolidated MEMORY.md, the recent window
+    and the knowledge-base documents, assembles the v3 prompt, compresses it when
+    over budget and calls the LLM wrapped in a
+    :class:`~langchain_tiered_memory.FinishReasonHandler`. Once the answer is
+    complete the turn is archived, which queues long-term extraction and
+    consolidation.
+
+    The chain answers questions; it does not run tools. For agents, use
+    ``TieredMemoryMiddleware`` with ``create_agent``.
+
+    Args:
+        llm: A chat model (or a ``FinishReasonHandler`` configured yourself).
+        backup: The archive: a ``MySQLBackup``, a database URL, a
+            ``SessionFileArchive``; ``None`` means the tiers' archive or the
+            embedded default.
+        long_memory: The long-term tier; ``None`` for none.
+        knowledge: Any ``BaseRetriever`` (or a ``KnowledgeBase``) whose documents
+            go into the prompt.
+        consolidator: The MEMORY.md tier; ``None`` for none.
+        compressor: Runs on the assembled prompt before the LLM; default
+            ``ContextCompressor(language=language, token_counter=token_counter)``.
+        system_prompt: Replaces the default instructions at the top of the prompt.
+        language: ``"en"`` or ``"zh"``: section labels, default system prompt,
+            the compressor's summary and the continue prompt.
+        input_key: The question's key in a dict input.
+        window_turns: Recent turns in the window.
+        window_max_tokens: The window's token budget (``None`` for none).
+        token_counter: Counts tokens for the window and the default compressor.
+        k: Long-term memories per question.
+        memory_scope: ``"session"``, or ``"user"`` to recall across the user's
+            sessions (then ``user_id`` is required in the config).
+        knowledge_k: Documents per question when ``knowledge`` is a
+            ``KnowledgeBase``.
+        max_continuations: Continuations of a truncated answer.
+        retrieval_errors: ``"warn"`` (default): a failing long-term memory,
+            MEMORY.md or knowledge base is logged, warned about
+            (:class:`RetrievalFailedWarning`) and left out; ``"raise"``: the call
+            fails.
+
+    Returns:
+        A Runnable with ``invoke``, ``ainvoke``, ``stream``, ``astream`` (and
+        ``batch``, ``with_config``...), plus ``get_prompt`` to see the prompt.
+
+    Raises:
+        ValueError: On a bad setting, or tiers that do not share the archive.
+
+    Example:
+        .. code-block:: python
+
+            chat = create_tiered_chain(llm, backup=backup, long_memory=long_memory,
+                                       knowledge=kb.as_retriever(), language="zh")
+            config = {"configurable": {"session_id": "s1", "user_id": "u1"}}
+            for chunk in chat.stream({"input": "总结一下"}, config=config):
+                print(chunk.text, end="")
+    """
+    return TieredChain(
+        llm,
+        backup=backup,
+        long_memory=long_memory,
+        knowledge=knowledge,
+        consolidator=consolidator,
+        compressor=compressor,
+        system_prompt=system_prompt,
+        language=language,
+        input_key=input_key,
+        window_turns=window_turns,
+        window_max_tokens=window_max_tokens,
+        token_counter=token_counter,
+        k=k,
+        memory_scope=memory_scope,
+        knowledge_k=knowledge_k,
+        max_continuations=max_continuations,
+        retrieval_errors=retrieval_errors,
+    )
+
+
+__all__ = ["LABELS", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]

@@ -1,0 +1,396 @@
+"""``KnowledgeBase``: documents split into a Chroma collection of their own, for RAG.
+
+The v3 design keeps the knowledge base beside the long-term memory: the same Chroma
+(client and embedding model), another collection. Files and texts are split with
+langchain-text-splitters' ``RecursiveCharacterTextSplitter`` (Markdown-aware for
+``.md`` files, with Chinese sentence ends as separators); chunk ids are
+deterministic, so adding a file again replaces its chunks instead of duplicating
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables.config import run_in_executor
+
+from langchain_tiered_memory._extras import import_extra
+from langchain_tiered_memory.long_memory import PAGE, ChromaLongMemory, _hash
+
+if TYPE_CHECKING:
+    from langchain_text_splitters import TextSplitter
+
+#: Chinese sentence and clause ends, tried before spaces (Chinese has none). Zero-width
+#: regexes, so the punctuation stays at the end of its sentence.
+CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
+MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+UPSERT_BATCH = 512
+
+
+
+def _separators(base: Sequence[str]) -> list[str]:
+    """``base`` with the CJK separators inserted before the space separator."""
+    base = list(base)
+    at = base.index(" ") if " " in base else max(len(base) - 1, 0)
+    return [*base[:at], *CJK_SEPARATORS, *base[at:]]
+
+
+def _source_of(path: str | Path) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+class KnowledgeBase:
+    """Documents for retrieval-augmented answers, in a Chroma collection of their own.
+
+    Location arguments take precedence like ``langchain-chroma`` and
+    :class:`~langchain_tiered_memory.ChromaLongMemory`: ``client`` over
+    ``persist_directory`` over ``host``; with none of them, an embedded client in
+    ``$TIERED_MEMORY_HOME/chroma`` (telemetry off). Use :meth:`from_long_memory`
+    to share the long-term memory's client and embedding model.
+
+    Args:
+        embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
+            offline (as ``ChromaLongMemory`` does).
+        client: A ready ``chromadb`` client.
+        persist_directory: Folder of an embedded ``PersistentClient``.
+        host: A Chroma server (``chroma run``).
+        port: The server's port.
+        collection_name: The collection of chunks.
+        chunk_size: Maximum characters per chunk.
+        chunk_overlap: Characters shared by neighbouring chunks; default a fifth
+            of ``chunk_size``, at most 200.
+        text_splitter: A splitter to use instead of the default ones (then
+            ``chunk_size`` and ``chunk_overlap`` are ignored).
+
+    Example:
+        .. code-block:: python
+
+            kb = KnowledgeBase.from_long_memory(long_memory)
+            kb.add_files(["docs/ar_tables.md", "docs/faq.txt"])
+            chain = create_tiered_chain(llm, backup=backup, long_memory=long_memory,
+                                        knowledge=kb.as_retriever(k=4))
+    """
+
+    def __init__(
+        self,
+        *,
+        embedding: Embeddings | None = None,
+        client: Any = None,
+        persist_directory: str | Path | None = None,
+        host: str | None = None,
+        port: int = 8000,
+        collection_name: str = "knowledge",
+        chunk_size: int = 1000,
+        chunk_overlap: int | None = None,
+        text_splitter: TextSplitter | None = None,
+    ) -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            msg = f"chunk_size must be a positive int, got {chunk_size!r}"
+            raise ValueError(msg)
+        if chunk_overlap is None:
+            chunk_overlap = min(200, chunk_size // 5)
+        if (
+            isinstance(chunk_overlap, bool)
+            or not isinstance(chunk_overlap, int)
+            or not 0 <= chunk_overlap < chunk_size
+        ):
+            msg = f"chunk_overlap must be an int in [0, chunk_size), got {chunk_overlap!r}"
+            raise ValueError(msg)
+        if not isinstance(collection_name, str) or not collection_name:
+            msg = f"collection_name must be a non-empty str, got {collection_name!r}"
+            raise ValueError(msg)
+        # Fail early, before any client is made.
+        splitters = import_extra("langchain_text_splitters", "knowledge", "KnowledgeBase")
+        self.client = ChromaLongMemory._make_client(client, persist_directory, host, port)
+        self.collection = self.client.get_or_create_collection(
+            collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+        )
+        if embedding is None:
+            from langchain_tiered_memory.embeddings import MiniLMEmbeddings
+
+            embedding = MiniLMEmbeddings()
+        self.embedding = embedding
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
+        splitter_class = splitters.RecursiveCharacterTextSplitter
+        self._text_splitter = text_splitter or splitter_class(
+            separators=_separators(["\n\n", "\n", " ", ""]),
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            is_separator_regex=True,
+        )
+        markdown = splitter_class.get_separators_for_language(splitters.Language.MARKDOWN)
+        self._markdown_splitter = text_splitter or splitter_class(
+            separators=_separators(markdown),
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            is_separator_regex=True,
+        )
+
+    @classmethod
+    def from_long_memory(
+        cls, long_memory: ChromaLongMemory, collection_name: str = "knowledge", **kwargs: Any
+    ) -> KnowledgeBase:
+        """A knowledge base on the long-term memory's Chroma client and embedding model.
+
+        Args:
+            long_memory: The long-term tier whose client and embedding to share.
+            collection_name: The knowledge collection; must differ from the
+                memories' collection.
+            **kwargs: ``chunk_size``, ``chunk_overlap`` or ``text_splitter``.
+
+        Raises:
+            ValueError: If ``collection_name`` is the memories' collection.
+        """
+        if collection_name == long_memory.collection.name:
+            msg = (
+                f"collection_name {collection_name!r} is the long-term memory's collection; "
+                "the knowledge base needs a collection of its own"
+            )
+            raise ValueError(msg)
+        return cls(
+            client=long_memory.client,
+            embedding=long_memory.embedding,
+            collection_name=collection_name,
+            **kwargs,
+        )
+
+    def __repr__(self) -> str:
+        collection = getattr(self, "collection", None)
+        return f"KnowledgeBase(collection={getattr(collection, 'name', None)!r})"
+
+    def count(self) -> int:
+        """How many chunks the collection holds."""
+        return int(self.collection.count())
+
+    # -- writing -----------------------------------------------------------------
+
+    def _upsert(self, ids: list[str], chunks: list[str], metadatas: list[dict[str, Any]]) -> None:
+        for start in range(0, len(ids), UPSERT_BATCH):
+            end = start + UPSERT_BATCH
+            self.collection.upsert(
+                ids=ids[start:end],
+                embeddings=self.embedding.embed_documents(chunks[start:end]),
+                documents=chunks[start:end],
+                metadatas=metadatas[start:end],
+            )
+
+    def add_texts(
+        self, texts: Iterable[str], metadatas: Sequence[dict[str, Any]] | None = None
+    ) -> list[str]:
+        """Split texts into chunks and store them.
+
+        A chunk's id depends on its text's ``source`` metadata (or, without one, on
+        the text) and its position, so adding the same text again overwrites
+        rather than duplicates.
+
+        Args:
+            texts: The texts.
+            metadatas: One metadata dict per text (str, int, float or bool values,
+                as Chroma requires); ``source`` is the key :meth:`delete_source`
+                uses.
+
+        Returns:
+            The ids of the stored chunks.
+
+        Raises:
+            TypeError: If a text is not a str.
+            ValueError: If ``metadatas`` does not match ``texts`` in length.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        for position, text in enumerate(texts):
+            if not isinstance(text, str):
+                msg = f"texts[{position}] must be a str, got {type(text).__name__}"
+                raise TypeError(msg)
+        if metadatas is not None and len(metadatas) != len(texts):
+            msg = f"got {len(metadatas)} metadatas for {len(texts)} texts"
+            raise ValueError(msg)
+        ids: list[str] = []
+        chunks: list[str] = []
+        chunk_metadatas: list[dict[str, Any]] = []
+        for position, text in enumerate(texts):
+            metadata = dict(metadatas[position]) if metadatas is not None else {}
+            key = str(metadata["source"]) if "source" in metadata else f"text:{_hash(text)}"
+            for index, chunk in enumerate(self._text_splitter.split_text(text)):
+                ids.append(_hash(key, str(index))[:32])
+                chunks.append(chunk)
+                chunk_metadatas.append({**metadata, "chunk": index})
+        self._upsert(ids, chunks, chunk_metadatas)
+        return ids
+
+    def add_files(
+        self, paths: str | Path | Iterable[str | Path], encoding: str = "utf-8"
+    ) -> list[str]:
+        """Split text or Markdown files into chunks and store them.
+
+        Each chunk's metadata holds ``source`` (the file's absolute path),
+        ``filename`` and ``chunk`` (its position). Adding a file again replaces its
+        chunks: changed chunks are overwritten, and chunks beyond its new end are
+        deleted after the new ones are stored.
+
+        Args:
+            paths: One path or several.
+            encoding: The files' encoding.
+
+        Returns:
+            The ids of the stored chunks.
+
+        Raises:
+            FileNotFoundError: If a path is not a file.
+            ValueError: If a file cannot be decoded with ``encoding``.
+        """
+        if isinstance(paths, (str, Path)):
+            paths = [paths]
+        files = [Path(path).expanduser().resolve() for path in paths]
+        for file in files:  # check them all before writing anything
+            if not file.is_file():
+                msg = f"no such file: {file}"
+                raise FileNotFoundError(msg)
+        all_ids: list[str] = []
+        for file in files:
+            try:
+                text = file.read_text(encoding=encoding)
+            except UnicodeDecodeError as exc:
+                msg = f"{file} is not a {encoding} text file: {exc.reason} at byte {exc.start}"
+                raise ValueError(msg) from exc
+            text = text.removeprefix("\ufeff")
+            source = str(file)
+            splitter = (
+                self._markdown_splitter
+                if file.suffix.lower() in MARKDOWN_SUFFIXES
+                else self._text_splitter
+            )
+            chunks = splitter.split_text(text)
+            ids = [_hash(source, str(index))[:32] for index in range(len(chunks))]
+            metadatas = [
+                {"source": source, "filename": file.name, "chunk": index}
+                for index in range(len(chunks))
+            ]
+            self._upsert(ids, chunks, metadatas)
+            self._delete_where({"source": source}, keep=set(ids))
+            all_ids.extend(ids)
+        return all_ids
+
+    def _delete_where(self, where: dict[str, Any], keep: set[str] | None = None) -> int:
+        keep = keep or set()
+        deleted = 0
+        offset = 0
+        while True:
+            page = self.collection.get(where=where, limit=PAGE, offset=offset, include=[])["ids"]
+            if not page:
+                return deleted
+            doomed = [chunk_id for chunk_id in page if chunk_id not in keep]
+            if doomed:
+                self.collection.delete(ids=doomed)
+                deleted += len(doomed)
+            offset += len(page) - len(doomed)  # kept ids stay in the result set
+
+    def delete_source(self, path: str | Path) -> int:
+        """Delete every chunk of a file (or of texts added with that ``source``).
+
+        Args:
+            path: The file's path, absolute or relative to the current folder, or
+                the ``source`` given to :meth:`add_texts`.
+
+        Returns:
+            How many chunks were deleted.
+        """
+        sources = sorted({str(path), _source_of(path)})
+        return self._delete_where({"source": {"$in": sources}})
+
+    # -- reading -----------------------------------------------------------------
+
+    def _query(
+        self, vector: Sequence[float], k: int, where: dict[str, Any] | None
+    ) -> list[Document]:
+        found = self.collection.query(
+            query_embeddings=[list(vector)],
+            n_results=k,
+            where=where,
+            include=["documents", "metadatas", "distances"],
+        )
+        return [
+            Document(
+                page_content=text,
+                id=chunk_id,
+                metadata={**(metadata or {}), "score": 1.0 - distance},
+            )
+            for chunk_id, text, metadata, distance in zip(
+                found["ids"][0],
+                found["documents"][0],
+                found["metadatas"][0],
+                found["distances"][0],
+                strict=True,
+            )
+        ]
+
+    @staticmethod
+    def _check_k(k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            msg = f"k must be a positive int, got {k!r}"
+            raise ValueError(msg)
+
+    def search(self, query: str, k: int = 4, where: dict[str, Any] | None = None) -> list[Document]:
+        """The ``k`` chunks most similar to ``query``.
+
+        Args:
+            query: What to look for.
+            k: How many chunks.
+            where: A Chroma metadata filter, e.g. ``{"filename": "faq.md"}``.
+
+        Returns:
+            Documents with the chunk's metadata and ``score`` (cosine similarity).
+        """
+        if not isinstance(query, str):
+            msg = f"query must be a str, got {type(query).__name__}"
+            raise TypeError(msg)
+        self._check_k(k)
+        return self._query(self.embedding.embed_query(query), k, where)
+
+    async def asearch(
+        self, query: str, k: int = 4, where: dict[str, Any] | None = None
+    ) -> list[Document]:
+        """Async :meth:`search`: the embedding's async path, then Chroma's query."""
+        if not isinstance(query, str):
+            msg = f"query must be a str, got {type(query).__name__}"
+            raise TypeError(msg)
+        self._check_k(k)
+        vector = await self.embedding.aembed_query(query)
+        # The chromadb client given here is synchronous.
+        return await run_in_executor(None, self._query, vector, k, where)
+
+    def as_retriever(self, k: int = 4, where: dict[str, Any] | None = None) -> KnowledgeRetriever:
+        """A LangChain retriever; ``k`` may also be passed per call."""
+        self._check_k(k)
+        return KnowledgeRetriever(knowledge_base=self, k=k, where=where)
+
+
+class KnowledgeRetriever(BaseRetriever):
+    """A retriever over a :class:`KnowledgeBase`: ``retriever.invoke(query, k=2)``."""
+
+    knowledge_base: Any
+    k: int = 4
+    where: dict[str, Any] | None = None
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        return self.knowledge_base.search(query, k=kwargs.get("k", self.k), where=self.where)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        return await self.knowledge_base.asearch(
+            query, k=kwargs.get("k", self.k), where=self.where
+        )

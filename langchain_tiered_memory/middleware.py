@@ -1,0 +1,415 @@
+"""``TieredMemoryMiddleware``: tiered memory for ``langchain.agents.create_agent`` (LangChain v1).
+
+Before each model call the session's ``MEMORY.md`` and the long-term memories
+relevant to the latest user message are added to the system message of that call
+only (the agent state is not touched), and the call's prompt is compressed by a
+:class:`~langchain_tiered_memory.ContextCompressor` when it is over budget. After
+the run, the messages the run added to the thread are archived, once, into the
+session's :class:`~langchain_tiered_memory.TieredChatMessageHistory`, which queues
+their extraction into long-term memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
+
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    AgentState,
+    ModelCallResult,
+    ModelRequest,
+    ModelResponse,
+    PrivateStateAttr,
+)
+from langchain_core.documents import Document
+from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables.config import run_in_executor
+from langgraph.config import get_config
+from langgraph.runtime import Runtime
+from typing_extensions import override
+
+from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory.archive import MySQLBackup
+from langchain_tiered_memory.compression import ContextCompressor
+from langchain_tiered_memory.history import (
+    TieredChatMessageHistory,
+    format_memory_context,
+    resolve_backup,
+)
+from langchain_tiered_memory.window import split_turns
+
+logger = logging.getLogger(__name__)
+
+ARCHIVED_KEY = "tiered_memory_archived"
+MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (stateless re-sends)
+MAX_CACHED_COMPRESSORS = 32
+
+if TYPE_CHECKING:
+    from langchain_tiered_memory.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.session_files import SessionFileArchive
+
+
+class TieredMemoryState(AgentState[Any]):
+    """The agent state plus the ids of the thread's messages already archived.
+
+    With a checkpointer the list survives between runs on a thread, so a message
+    is archived once however many runs see it.
+    """
+
+    tiered_memory_archived: NotRequired[Annotated[list[str], PrivateStateAttr]]
+
+
+def _field(context: Any, name: str) -> Any:
+    """``context.name`` or ``context[name]``; ``None`` when absent."""
+    if context is None:
+        return None
+    if isinstance(context, Mapping):
+        return context.get(name)
+    return getattr(context, name, None)
+
+
+def _last_human_text(messages: Sequence[BaseMessage]) -> str | None:
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            text = message.text
+            return text if text.strip() else None
+    return None
+
+
+def _merge_system(messages: Sequence[SystemMessage]) -> SystemMessage | None:
+    """One system message from several, in order (providers differ on several)."""
+    if not messages:
+        return None
+    first = messages[0]
+    if len(messages) == 1:
+        return first
+    rest = [m.content for m in messages[1:]]
+    if isinstance(first.content, str) and all(isinstance(c, str) for c in rest):
+        content: Any = "\n\n".join([first.content, *rest])
+    else:  # content blocks (e.g. with cache control): keep them, append ours as blocks
+        content = []
+        for part in [first.content, *rest]:
+            if isinstance(part, str):
+                content.append({"type": "text", "text": part})
+            else:
+                content.extend(part)
+    return first.model_copy(update={"content": content})
+
+
+def _archivable(message: BaseMessage) -> bool:
+    # Instructions and a summarisation middleware's stand-in summary are not
+    # conversation: the archive keeps what was said.
+    if isinstance(message, SystemMessage):
+        return False
+    return message.additional_kwargs.get("lc_source") != "summarization"
+
+
+def _tool_key(tool: Any) -> str:
+    name = getattr(tool, "name", None)
+    return name if isinstance(name, str) else repr(tool)
+
+
+class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
+    """Tiered memory for LangChain v1 agents (``langchain.agents.create_agent``).
+
+    * **Before each model call** (``wrap_model_call``): the session's
+      ``MEMORY.md`` and the ``k`` long-term memories most relevant to the latest
+      user message are appended to the system message of this call only; then,
+      if the call's prompt (system message, messages and tool schemas) is over
+      the compressor's budget, older messages are replaced by its structured
+      summary, never separating a tool result from its call. The agent state
+      keeps every message.
+    * **After the run** (``after_agent``): the human, AI and tool messages the run
+      added to the thread are archived into the session's
+      :class:`~langchain_tiered_memory.TieredChatMessageHistory` (durably, in
+      order, so tool pairs stay together), which queues their extraction into
+      long-term memory. Their ids are kept in a private state key, so with a
+      checkpointer a message is archived once across runs; without one, messages
+      re-sent with their ids are recognised in the archive's recent turns.
+
+    The session is ``config["configurable"]["session_id"]``, falling back to
+    ``config["configurable"]["thread_id"]``; a runtime context (``context=`` of
+    ``invoke``) with a ``session_id`` attribute or key overrides both. The user
+    is the context's ``user_id``, else ``config["configurable"]["user_id"]``.
+    Short-term memory stays the agent's thread state (a checkpointer); this
+    middleware adds the archive, long-term memory and compression.
+
+    Args:
+        backup: The archive; a URL string is a shortcut for ``MySQLBackup(url)``.
+            ``None`` means the archive of ``long_memory`` or ``consolidator``, or
+            else the embedded SQLite default under ``$TIERED_MEMORY_HOME``.
+        long_memory: Long-term memory to search before each call and to feed
+            after each run; ``None`` for none.
+        consolidator: The MEMORY.md tier; ``None`` for none.
+        compressor: The compressor for each call's prompt; ``None`` means
+            ``ContextCompressor()`` (60k compress, 100k force delete, 120k error)
+            and ``False`` turns compression off. When it was built without
+            ``tools``, the tools of each call are counted in its budget.
+        scope: ``"session"`` searches the session's memories; ``"user"`` every
+            session of the run's user (a ``user_id`` is then required).
+        k: How many long-term memories to add per call.
+
+    Raises:
+        ValueError: If a tier uses another archive than ``backup``, ``scope`` is
+            unknown or ``k`` is not a positive int. At run time: if the run has
+            no session (or ``scope="user"`` and no user), or an id is unusable
+            (empty, over 255 characters, control characters).
+
+    Example:
+        .. code-block:: python
+
+            from langchain.agents import create_agent
+            from langgraph.checkpoint.memory import InMemorySaver
+
+            agent = create_agent(
+                model,
+                tools,
+                middleware=[TieredMemoryMiddleware(backup=backup, long_memory=long_memory)],
+                checkpointer=InMemorySaver(),
+            )
+            agent.invoke(
+                {"messages": [{"role": "user", "content": "AR 表结构?"}]},
+                config={"configurable": {"thread_id": "s1", "user_id": "u1"}},
+            )
+    """
+
+    state_schema = TieredMemoryState
+
+    def __init__(
+        self,
+        *,
+        backup: MySQLBackup | SessionFileArchive | str | None = None,
+        long_memory: ChromaLongMemory | None = None,
+        consolidator: MemoryConsolidator | None = None,
+        compressor: ContextCompressor | Literal[False] | None = None,
+        scope: Literal["session", "user"] = "session",
+        k: int = 5,
+    ) -> None:
+        super().__init__()
+        if scope not in ("session", "user"):
+            msg = f"scope must be 'session' or 'user', got {scope!r}"
+            raise ValueError(msg)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            msg = f"k must be a positive int, got {k!r}"
+            raise ValueError(msg)
+        backup = resolve_backup(backup, long_memory, consolidator, "middleware")
+        off_or_default = compressor is None or compressor is False
+        if not off_or_default and not isinstance(compressor, ContextCompressor):
+            msg = (
+                "compressor must be a ContextCompressor, None or False, "
+                f"got {type(compressor).__name__}"
+            )
+            raise TypeError(msg)
+        self.backup = backup
+        self.long_memory = long_memory
+        self.consolidator = consolidator
+        self.compressor: ContextCompressor | None = (
+            None if compressor is False else compressor or ContextCompressor()
+        )
+        self.scope = scope
+        self.k = k
+        self._compressors: dict[tuple[str, ...], ContextCompressor] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"TieredMemoryMiddleware(backup={self.backup!r}, long_memory={self.long_memory!r}, "
+            f"scope={self.scope!r}, k={self.k})"
+        )
+
+    # -- the session ------------------------------------------------------------
+
+    def session(self, runtime: Runtime[Any] | None) -> tuple[str, str | None]:
+        """The run's ``(session_id, user_id)``, validated.
+
+        Args:
+            runtime: The hook's runtime (its ``context`` may name the session).
+
+        Raises:
+            ValueError: If no session is given, two sources disagree, an id is
+                unusable, or ``scope="user"`` and no user is given.
+            TypeError: If an id is not a string.
+        """
+        context = getattr(runtime, "context", None)
+        try:
+            configurable = get_config().get("configurable") or {}
+        except RuntimeError:  # called outside a graph run
+            configurable = {}
+        from_context = _field(context, "session_id")
+        from_config = configurable.get("session_id")
+        if from_context is not None and from_config is not None and from_context != from_config:
+            msg = (
+                f"the runtime context's session_id {from_context!r} and "
+                f"config['configurable']['session_id'] {from_config!r} disagree"
+            )
+            raise ValueError(msg)
+        candidates = (from_context, from_config, configurable.get("thread_id"))
+        session_id = next((v for v in candidates if v is not None), None)
+        if session_id is None:
+            msg = (
+                "TieredMemoryMiddleware needs a session: pass "
+                "config={'configurable': {'thread_id': ...}} (or 'session_id'), or a "
+                "runtime context with a session_id"
+            )
+            raise ValueError(msg)
+        user_id = _field(context, "user_id")
+        if user_id is None:
+            user_id = configurable.get("user_id")
+        session_id = validate_id(session_id, "session_id")
+        user_id = validate_optional_id(user_id, "user_id")
+        if self.scope == "user" and user_id is None:
+            msg = (
+                "scope='user' needs a user_id: pass config={'configurable': {'user_id': ...}} "
+                "or a runtime context with a user_id"
+            )
+            raise ValueError(msg)
+        return session_id, user_id
+
+    def history(self, runtime: Runtime[Any] | None) -> TieredChatMessageHistory:
+        """The run's session as a :class:`TieredChatMessageHistory` over the tiers."""
+        session_id, user_id = self.session(runtime)
+        return TieredChatMessageHistory(
+            session_id,
+            user_id=user_id,
+            backup=self.backup,
+            long_memory=self.long_memory,
+            consolidator=self.consolidator,
+        )
+
+    # -- before each model call -------------------------------------------------
+
+    def _context(self, history: TieredChatMessageHistory, query: str | None) -> str:
+        memories: list[Document] = []
+        if self.long_memory is not None and query is not None:
+            memories = history.search_memories(query, k=self.k, scope=self.scope)
+        return format_memory_context(history.consolidated_memory, memories)
+
+    def _compressor_for(self, tools: Sequence[Any]) -> ContextCompressor | None:
+        """The compressor, counting the call's tool schemas when it was built without."""
+        base = self.compressor
+        if base is None or base.tools or not tools:
+            return base
+        key = tuple(_tool_key(tool) for tool in tools)
+        compressor = self._compressors.get(key)
+        if compressor is None:
+            try:
+                compressor = ContextCompressor(
+                    compress_threshold=base.compress_threshold,
+                    preserve_count=base.preserve_count,
+                    force_delete_threshold=base.force_delete_threshold,
+                    error_threshold=base.error_threshold,
+                    token_counter=base.count_tokens,
+                    tools=tools,
+                    language=base.language,
+                    timeline_entries=base.timeline_entries,
+                    entry_chars=base.entry_chars,
+                )
+            except Exception:  # a tool with no OpenAI schema: measure without tools
+                logger.debug("tool schemas not measurable; compressing without them")
+                compressor = base
+            if len(self._compressors) >= MAX_CACHED_COMPRESSORS:
+                self._compressors.clear()
+            self._compressors[key] = compressor
+        return compressor
+
+    def _prepare(self, request: ModelRequest[Any], context: str) -> ModelRequest[Any]:
+        """The request with the memory context and, if over budget, compressed."""
+        system = request.system_message
+        if context:
+            system = _merge_system([*([system] if system else []), SystemMessage(context)])
+        messages: list[AnyMessage] = list(request.messages)
+        compressor = self._compressor_for(request.tools)
+        if compressor is not None:
+            prompt = [system, *messages] if system is not None else messages
+            compressed = compressor.compress(prompt)
+            unchanged = len(compressed) == len(prompt) and all(
+                a is b for a, b in zip(compressed, prompt, strict=True)
+            )
+            if not unchanged:
+                # The summary comes back as a system message after the head: fold the
+                # leading system messages into the one system message of the call.
+                start = next(
+                    (i for i, m in enumerate(compressed) if not isinstance(m, SystemMessage)),
+                    len(compressed),
+                )
+                system = _merge_system(compressed[:start])  # type: ignore[arg-type]
+                messages = compressed[start:]  # type: ignore[assignment]
+        if system is request.system_message and messages == request.messages:
+            return request
+        return request.override(system_message=system, messages=messages)
+
+    @override
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelCallResult:
+        """Add MEMORY.md and relevant memories to this call; compress it if over budget."""
+        history = self.history(request.runtime)
+        context = self._context(history, _last_human_text(request.messages))
+        return handler(self._prepare(request, context))
+
+    @override
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelCallResult:
+        """Async :meth:`wrap_model_call` (the search runs in an executor)."""
+        history = self.history(request.runtime)
+        query = _last_human_text(request.messages)
+        context = await run_in_executor(None, self._context, history, query)
+        return await handler(self._prepare(request, context))
+
+    # -- after the run ----------------------------------------------------------
+
+    @staticmethod
+    def _unarchived(state: TieredMemoryState) -> tuple[list[BaseMessage], list[str]]:
+        """The thread's messages not archived yet, and the ids of all of them."""
+        messages = state["messages"]
+        archived = set(state.get(ARCHIVED_KEY) or ())
+        fresh = [m for m in messages if (m.id is None or m.id not in archived) and _archivable(m)]
+        return fresh, [m.id for m in messages if m.id is not None]
+
+    @staticmethod
+    def _tail_turns(fresh: Sequence[BaseMessage]) -> int:
+        return min(len(split_turns(fresh)) + 1, MAX_TAIL_TURNS)
+
+    @staticmethod
+    def _drop_known(fresh: list[BaseMessage], tail: Sequence[BaseMessage]) -> list[BaseMessage]:
+        # Without a checkpointer a caller may re-send earlier messages (with their
+        # ids) as input: those are in the archive already.
+        known = {m.id for m in tail if m.id is not None}
+        return [m for m in fresh if m.id is None or m.id not in known]
+
+    @override
+    def after_agent(self, state: TieredMemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Archive the messages this run added to the thread (which queues extraction)."""
+        history = self.history(runtime)
+        fresh, ids = self._unarchived(state)
+        if fresh:
+            tail = self.backup.tail(history.session_id, self._tail_turns(fresh))
+            fresh = self._drop_known(fresh, tail)
+        if fresh:
+            history.add_messages(fresh)
+        if ids == list(state.get(ARCHIVED_KEY) or ()):
+            return None
+        return {ARCHIVED_KEY: ids}
+
+    @override
+    async def aafter_agent(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Async :meth:`after_agent`, on the archive's async driver."""
+        history = self.history(runtime)
+        fresh, ids = self._unarchived(state)
+        if fresh:
+            tail = await self.backup.atail(history.session_id, self._tail_turns(fresh))
+            fresh = self._drop_known(fresh, tail)
+        if fresh:
+            await history.aadd_messages(fresh)
+        if ids == list(state.get(ARCHIVED_KEY) or ()):
+            return None
+        return {ARCHIVED_KEY: ids}

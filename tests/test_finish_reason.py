@@ -1,0 +1,431 @@
+"""FinishReasonHandler: truncated answers are detected, continued and stitched.
+
+A scripted fake chat model (a ``GenericFakeChatModel`` whose replies keep their
+``response_metadata`` when streamed, the finish reason on the last chunk as real
+providers send it) stands in for the LLM. ``test_chain.py`` reuses it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    message_to_dict,
+    messages_from_dict,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field
+
+from langchain_tiered_memory import FinishReasonHandler
+from langchain_tiered_memory.finish_reason import (
+    CONTINUE_PROMPTS,
+    MARK_KEY,
+    finish_reason,
+    is_truncated,
+)
+
+from .fakes import RecordingChatModel
+
+USAGE = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
+
+
+def cut(text: str, **metadata: Any) -> AIMessage:
+    """A reply stopped by the output-token limit (OpenAI's spelling by default)."""
+    return AIMessage(
+        text,
+        response_metadata={"finish_reason": "length", "model_name": "fake-1", **metadata},
+        usage_metadata=USAGE,
+    )
+
+
+def done(text: str) -> AIMessage:
+    """A reply that ended normally."""
+    return AIMessage(
+        text,
+        response_metadata={"finish_reason": "stop", "model_name": "fake-1"},
+        usage_metadata=USAGE,
+    )
+
+
+class ScriptedChatModel(RecordingChatModel):
+    """Scripted replies that keep their metadata when streamed, and can fail mid-stream.
+
+    Streaming splits a reply on whitespace; ``model_name`` rides on the first chunk,
+    the finish reason and usage on the last one (as OpenAI, Anthropic and Ollama
+    send them). ``fail_after`` raises after that many chunks of a stream.
+    ``bind_tools`` binds OpenAI tool schemas; ``calls`` records each call's kwargs.
+    """
+
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+    fail_after: int | None = None
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.calls.append({k: v for k, v in kwargs.items() if k != "run_manager"})
+        return super()._generate(messages, *args, **kwargs)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        result = self._generate(messages, stop=stop, **kwargs)
+        message = result.generations[0].message
+        assert isinstance(message, AIMessage)
+        tokens = [t for t in re.split(r"(\s)", message.text) if t] or [""]
+        metadata = dict(message.response_metadata)
+        first_metadata = {"model_name": metadata.pop("model_name", "fake-1")}
+        for index, token in enumerate(tokens):
+            if self.fail_after is not None and index == self.fail_after:
+                msg = "connection reset mid-stream"
+                raise ConnectionError(msg)
+            last = index == len(tokens) - 1
+            chunk = AIMessageChunk(
+                content=token,
+                id=message.id,
+                response_metadata={
+                    **(first_metadata if index == 0 else {}),
+                    **(metadata if last else {}),
+                },
+                usage_metadata=message.usage_metadata if last else None,
+                tool_call_chunks=[
+                    {"name": c["name"], "args": repr(c["args"]), "id": c["id"], "index": i}
+                    for i, c in enumerate(message.tool_calls)
+                ]
+                if last
+                else [],
+                chunk_position="last" if last else None,
+            )
+            generation = ChatGenerationChunk(message=chunk)
+            if run_manager:
+                run_manager.on_llm_new_token(token, chunk=generation)
+            yield generation
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+
+def scripted(*answers: AIMessage | str, **kwargs: Any) -> ScriptedChatModel:
+    return ScriptedChatModel(messages=iter(answers), **kwargs)
+
+
+def mark(message: BaseMessage) -> dict[str, Any]:
+    return message.response_metadata[MARK_KEY]
+
+
+def total(chunks: list[AIMessageChunk]) -> AIMessageChunk:
+    result = chunks[0]
+    for chunk in chunks[1:]:
+        result = result + chunk
+    return result
+
+
+class GeminiFinishReason(enum.Enum):
+    STOP = 1
+    MAX_TOKENS = 2
+
+
+# -- detection ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metadata", "reason", "truncated"),
+    [
+        ({"finish_reason": "length"}, "length", True),  # OpenAI, Mistral, Groq
+        ({"stop_reason": "max_tokens"}, "max_tokens", True),  # Anthropic
+        ({"stopReason": "max_tokens"}, "max_tokens", True),  # Bedrock Converse
+        ({"finish_reason": "MAX_TOKENS"}, "MAX_TOKENS", True),  # Gemini, as text
+        ({"finish_reason": GeminiFinishReason.MAX_TOKENS}, "MAX_TOKENS", True),  # as an enum
+        ({"done_reason": "length"}, "length", True),  # Ollama
+        (
+            {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}},
+            "max_output_tokens",
+            True,
+        ),  # OpenAI Responses API
+        ({"finish_reason": "stop"}, "stop", False),
+        ({"stop_reason": "end_turn"}, "end_turn", False),
+        ({"finish_reason": GeminiFinishReason.STOP}, "STOP", False),
+        ({"finish_reason": "tool_calls"}, "tool_calls", False),
+        ({"done_reason": "stop"}, "stop", False),
+        ({}, None, False),
+        ({"finish_reason": None, "stop_reason": "max_tokens"}, "max_tokens", True),
+    ],
+)
+def test_every_provider_spelling_of_the_token_limit(
+    metadata: dict[str, Any], reason: str | None, truncated: bool
+) -> None:
+    message = AIMessage("partial", response_metadata=metadata)
+    assert finish_reason(message) == reason
+    assert is_truncated(message) is truncated
+
+
+# -- invoke ------------------------------------------------------------------------
+
+
+def test_invoke_continues_and_stitches_the_parts() -> None:
+    model = scripted(cut("The AR table has"), cut(" columns id,"), done(" amount and due_date."))
+    handler = FinishReasonHandler(model)
+    question = [SystemMessage("be brief"), HumanMessage("Describe the AR table")]
+    answer = handler.invoke(question)
+
+    assert isinstance(answer, AIMessage)
+    assert answer.content == "The AR table has columns id, amount and due_date."
+    assert mark(answer) == {"continuations": 2, "truncated": False}
+    assert answer.response_metadata["finish_reason"] == "stop"
+    assert answer.response_metadata["model_name"] == "fake-1"
+    assert answer.usage_metadata is not None
+    assert answer.usage_metadata["output_tokens"] == 3 * USAGE["output_tokens"]
+    # Each continuation resends the conversation, the whole answer so far, and the request.
+    assert len(model.prompts) == 3
+    assert model.prompts[0] == question
+    second, third = model.prompts[1], model.prompts[2]
+    assert second[:2] == question and third[:2] == question
+    assert second[2] == AIMessage("The AR table has")
+    assert third[2] == AIMessage("The AR table has columns id,")
+    assert second[3] == third[3] == HumanMessage(CONTINUE_PROMPTS["en"])
+
+
+async def test_ainvoke_continues_and_stitches_the_parts() -> None:
+    model = scripted(cut("one"), done(" two"))
+    answer = await FinishReasonHandler(model).ainvoke("count")
+    assert answer.content == "one two"
+    assert mark(answer) == {"continuations": 1, "truncated": False}
+    assert model.prompts[1][-2:] == [AIMessage("one"), HumanMessage(CONTINUE_PROMPTS["en"])]
+
+
+def test_a_complete_answer_is_returned_as_is_and_marked() -> None:
+    model = scripted(done("All done."))
+    answer = FinishReasonHandler(model).invoke("hi")
+    assert answer.content == "All done."
+    assert mark(answer) == {"continuations": 0, "truncated": False}
+    assert len(model.prompts) == 1
+
+
+def test_gives_up_after_max_continuations_and_says_still_truncated() -> None:
+    model = scripted(*(cut(f"p{i} ") for i in range(10)))
+    answer = FinishReasonHandler(model, max_continuations=2).invoke("a very long report")
+    assert answer.content == "p0 p1 p2 "
+    assert mark(answer) == {"continuations": 2, "truncated": True}
+    assert answer.response_metadata["finish_reason"] == "length"
+    assert len(model.prompts) == 3
+
+
+def test_zero_continuations_only_marks() -> None:
+    model = scripted(cut("half"))
+    answer = FinishReasonHandler(model, max_continuations=0).invoke("q")
+    assert answer.content == "half"
+    assert mark(answer) == {"continuations": 0, "truncated": True}
+    assert len(model.prompts) == 1
+
+
+def test_anthropic_and_ollama_spellings_are_continued() -> None:
+    anthropic = scripted(
+        AIMessage("a", response_metadata={"stop_reason": "max_tokens"}),
+        AIMessage("b", response_metadata={"stop_reason": "end_turn"}),
+    )
+    ollama = scripted(
+        AIMessage("c", response_metadata={"done_reason": "length"}),
+        AIMessage("d", response_metadata={"done_reason": "stop"}),
+    )
+    assert FinishReasonHandler(anthropic).invoke("q").content == "ab"
+    assert FinishReasonHandler(ollama).invoke("q").content == "cd"
+
+
+def test_tool_call_answers_are_never_continued() -> None:
+    call = AIMessage(
+        "",
+        tool_calls=[{"name": "lookup", "args": {"table": "ar"}, "id": "call-1"}],
+        response_metadata={"finish_reason": "length"},
+    )
+    model = scripted(call, done("unused"))
+    answer = FinishReasonHandler(model).invoke("look it up")
+    assert answer.tool_calls == call.tool_calls
+    assert mark(answer) == {"continuations": 0, "truncated": True}
+    assert len(model.prompts) == 1
+
+
+def test_chinese_continue_prompt() -> None:
+    model = scripted(cut("应收账款表"), done("有三列。"))
+    answer = FinishReasonHandler(model, language="zh").invoke("描述应收账款表")
+    assert answer.content == "应收账款表有三列。"
+    assert model.prompts[1][-1] == HumanMessage(CONTINUE_PROMPTS["zh"])
+    custom = scripted(cut("x"), done("y"))
+    FinishReasonHandler(custom, continue_prompt="go on").invoke("q")
+    assert custom.prompts[1][-1] == HumanMessage("go on")
+
+
+def test_accepts_every_chat_model_input_form() -> None:
+    prompt = ChatPromptTemplate.from_messages([("system", "sys"), ("human", "{q}")])
+    forms: list[Any] = [
+        "plain string",
+        [("system", "sys"), ("human", "tuples")],
+        [HumanMessage("messages")],
+        prompt.invoke({"q": "prompt value"}),
+    ]
+    for form in forms:
+        model = scripted(cut("x"), done("y"))
+        assert FinishReasonHandler(model).invoke(form).content == "xy"
+        assert isinstance(model.prompts[0][-1], HumanMessage)
+        assert model.prompts[0] == model.prompts[1][: len(model.prompts[0])]
+
+
+# -- streaming ---------------------------------------------------------------------
+
+
+def test_stream_yields_every_part_and_sums_to_the_stitched_answer() -> None:
+    model = scripted(cut("The AR table"), cut(" has three"), done(" columns."))
+    handler = FinishReasonHandler(model)
+    chunks: list[AIMessageChunk] = []
+    calls_at_first_chunk = None
+    for chunk in handler.stream("Describe the AR table"):
+        if calls_at_first_chunk is None:
+            calls_at_first_chunk = len(model.prompts)
+        assert isinstance(chunk, AIMessageChunk)
+        chunks.append(chunk)
+    assert calls_at_first_chunk == 1  # streamed as it came, not after all parts
+    assert len(chunks) > 3
+    answer = total(chunks)
+    assert answer.content == "The AR table has three columns."
+    # Summing chunks concatenates metadata strings: no "lengthlengthstop", no "fake-1fake-1".
+    assert answer.response_metadata["finish_reason"] == "stop"
+    assert answer.response_metadata["model_name"] == "fake-1"
+    assert mark(answer) == {"continuations": 2, "truncated": False}
+    assert answer.usage_metadata is not None
+    assert answer.usage_metadata["output_tokens"] == 3 * USAGE["output_tokens"]
+    assert chunks[-1].content == "" and MARK_KEY in chunks[-1].response_metadata
+    assert all(MARK_KEY not in c.response_metadata for c in chunks[:-1])
+    assert model.prompts[2][-2] == AIMessage("The AR table has three")
+
+
+async def test_astream_yields_every_part_and_sums_to_the_stitched_answer() -> None:
+    model = scripted(cut("first half"), done(" second half"))
+    chunks = [chunk async for chunk in FinishReasonHandler(model).astream("q")]
+    answer = total(chunks)
+    assert answer.content == "first half second half"
+    assert answer.response_metadata["finish_reason"] == "stop"
+    assert mark(answer) == {"continuations": 1, "truncated": False}
+
+
+def test_stream_still_truncated_after_the_budget() -> None:
+    model = scripted(*(cut(f"p{i} ") for i in range(5)))
+    chunks = list(FinishReasonHandler(model, max_continuations=1).stream("q"))
+    answer = total(chunks)
+    assert answer.content == "p0 p1 "
+    assert answer.response_metadata["finish_reason"] == "length"
+    assert mark(answer) == {"continuations": 1, "truncated": True}
+
+
+def test_an_error_mid_stream_propagates() -> None:
+    model = scripted(done("one two three four"), fail_after=2)
+    handler = FinishReasonHandler(model)
+    received: list[AIMessageChunk] = []
+    with pytest.raises(ConnectionError, match="mid-stream"):
+        for chunk in handler.stream("q"):
+            received.append(chunk)
+    assert "".join(c.text for c in received) == "one "
+
+
+def test_streams_inside_an_lcel_sequence() -> None:
+    model = scripted(cut("a b"), done(" c d"))
+    chain = ChatPromptTemplate.from_messages([("human", "{q}")]) | FinishReasonHandler(model)
+    chunks = list(chain.stream({"q": "letters"}))
+    assert len(chunks) > 2
+    assert total(chunks).content == "a b c d"
+    assert model.prompts[0] == [HumanMessage("letters")]
+
+
+# -- pass-through ------------------------------------------------------------------
+
+
+@tool
+def lookup(table: str) -> str:
+    """Look a table up."""
+    return table
+
+
+def test_bind_tools_and_call_kwargs_reach_every_call() -> None:
+    model = scripted(cut("x"), done("y"))
+    handler = FinishReasonHandler(model, max_continuations=5).bind_tools([lookup])
+    assert isinstance(handler, FinishReasonHandler)
+    assert handler.max_continuations == 5
+    answer = handler.invoke("q", stop=["END"])
+    assert answer.content == "xy"
+    assert len(model.calls) == 2
+    for call in model.calls:
+        assert [t["function"]["name"] for t in call["tools"]] == ["lookup"]
+        assert call["stop"] == ["END"]
+    bound = scripted(cut("x"), done("y"))
+    list(FinishReasonHandler(bound).bind(stop=["Z"]).stream("q"))
+    assert [call["stop"] for call in bound.calls] == [["Z"], ["Z"]]
+
+
+def test_bind_tools_on_a_runnable_without_it_is_a_clear_error() -> None:
+    handler = FinishReasonHandler(RunnableLambda(lambda _: AIMessage("x")))
+    with pytest.raises(NotImplementedError, match="bind_tools"):
+        handler.bind_tools([lookup])
+    with pytest.raises(NotImplementedError, match="with_structured_output on the model"):
+        handler.with_structured_output(dict)
+
+
+class Runs(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.chains: list[str] = []
+        self.model_calls = 0
+        self.tags: list[list[str]] = []
+
+    def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+        self.chains.append(kwargs.get("name") or "")
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self.model_calls += 1
+        self.tags.append(list(kwargs.get("tags") or []))
+
+
+@pytest.mark.parametrize("mode", ["invoke", "stream"])
+def test_with_config_reaches_the_handler_run_and_every_model_call(mode: str) -> None:
+    runs = Runs()
+    handler = FinishReasonHandler(scripted(cut("x"), done("y"))).with_config(
+        run_name="answer", callbacks=[runs], tags=["tiered"]
+    )
+    if mode == "invoke":
+        handler.invoke("q")
+    else:
+        list(handler.stream("q"))
+    assert runs.chains == ["answer"]
+    assert runs.model_calls == 2
+    assert all("tiered" in tags for tags in runs.tags)
+
+
+def test_the_mark_survives_message_to_dict() -> None:
+    answer = FinishReasonHandler(scripted(cut("a"), cut("b")), max_continuations=1).invoke("q")
+    (restored,) = messages_from_dict([message_to_dict(answer)])
+    assert restored.content == "ab"
+    assert mark(restored) == {"continuations": 1, "truncated": True}
+
+
+def test_bad_arguments_are_typed_errors() -> None:
+    model = scripted()
+    with pytest.raises(TypeError, match="llm must be"):
+        FinishReasonHandler("gpt-4o")  # type: ignore[arg-type]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_continuations"):
+            FinishReasonHandler(model, max_continuations=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="language"):
+        FinishReasonHandler(model, language="fr")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="continue_prompt"):
+        FinishReasonHandler(model, continue_prompt="  ")

@@ -1,0 +1,367 @@
+"""KnowledgeBase: files and texts split into a Chroma collection of their own.
+
+Real embedded Chroma (``PersistentClient`` in tmp folders, or the session's shared
+client with a collection per test) and a real ``chroma run`` server for the host
+case; ``HashEmbeddings`` where retrieval quality is not under test.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from langchain_core.retrievers import BaseRetriever
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+
+from langchain_tiered_memory import KnowledgeBase, MySQLBackup
+from langchain_tiered_memory.knowledge import KnowledgeRetriever
+from langchain_tiered_memory.long_memory import ChromaLongMemory
+
+from .fakes import HashEmbeddings
+
+MakeKB = Callable[..., KnowledgeBase]
+
+AR_DOC = """# Receivables
+
+## The AR table
+The ar_invoice table holds invoice_no, customer_id, amount and due_date.
+Invoices are due thirty days after issue.
+
+## Reminders
+Overdue invoices trigger a reminder email on the first business day of the week.
+"""
+
+
+@pytest.fixture
+def make_kb(chroma_client: Any) -> Iterator[MakeKB]:
+    """Knowledge bases on the session's embedded client, a collection each; dropped after."""
+    made: list[KnowledgeBase] = []
+
+    def make(**kwargs: Any) -> KnowledgeBase:
+        kwargs.setdefault("client", chroma_client)
+        kwargs.setdefault("embedding", HashEmbeddings())
+        kwargs.setdefault("collection_name", f"kb_{uuid.uuid4().hex[:12]}")
+        kb = KnowledgeBase(**kwargs)
+        made.append(kb)
+        return kb
+
+    yield make
+    for kb in made:
+        kb.client.delete_collection(kb.collection.name)
+
+
+def all_chunks(kb: KnowledgeBase) -> dict[str, tuple[str, dict[str, Any]]]:
+    found = kb.collection.get(include=["documents", "metadatas"])
+    return {
+        chunk_id: (text, metadata)
+        for chunk_id, text, metadata in zip(
+            found["ids"], found["documents"], found["metadatas"], strict=True
+        )
+    }
+
+
+# -- construction ------------------------------------------------------------------
+
+
+def test_client_wins_over_persist_directory_and_host(tmp_path: Path, chroma_client: Any) -> None:
+    name = f"kb_{uuid.uuid4().hex[:12]}"
+    kb = KnowledgeBase(
+        client=chroma_client,
+        persist_directory=tmp_path / "unused",
+        host="chroma.invalid",
+        port=1,
+        collection_name=name,
+        embedding=HashEmbeddings(),
+    )
+    try:
+        assert kb.client is chroma_client
+        assert kb.collection.name == name
+        assert kb.collection.metadata["hnsw:space"] == "cosine"
+        assert not (tmp_path / "unused").exists()
+    finally:
+        chroma_client.delete_collection(name)
+
+
+def test_persist_directory_wins_over_host_with_telemetry_off(tmp_path: Path) -> None:
+    kb = KnowledgeBase(
+        persist_directory=tmp_path / "here",
+        host="chroma.invalid",
+        port=1,
+        embedding=HashEmbeddings(),
+    )
+    settings = kb.client.get_settings()
+    assert settings.is_persistent is True
+    assert Path(settings.persist_directory) == tmp_path / "here"
+    assert settings.anonymized_telemetry is False
+    assert kb.collection.name == "knowledge"
+    kb.add_texts(["persisted text"])
+    assert kb.count() == 1
+
+
+def test_default_location_is_under_tiered_memory_home(_home: Path) -> None:
+    kb = KnowledgeBase(embedding=HashEmbeddings())
+    assert Path(kb.client.get_settings().persist_directory) == _home / "chroma"
+
+
+def test_host_alone_gives_an_http_client(chroma_server: tuple[str, int]) -> None:
+    host, port = chroma_server
+    name = f"kb_{uuid.uuid4().hex[:12]}"
+    kb = KnowledgeBase(host=host, port=port, collection_name=name, embedding=HashEmbeddings())
+    try:
+        settings = kb.client.get_settings()
+        assert settings.is_persistent is False
+        assert settings.chroma_server_host == host
+        assert int(settings.chroma_server_http_port) == port
+        assert settings.anonymized_telemetry is False
+        kb.add_texts(["served text about invoices"])
+        assert [d.page_content for d in kb.search("invoices", k=1)] == [
+            "served text about invoices"
+        ]
+    finally:
+        kb.client.delete_collection(name)
+
+
+def test_from_long_memory_shares_client_and_embedding(
+    tmp_path: Path, chroma_client: Any
+) -> None:
+    archive = MySQLBackup(f"sqlite:///{tmp_path / 'a.sqlite3'}")
+    memories = f"lm_{uuid.uuid4().hex[:12]}"
+    knowledge = f"kb_{uuid.uuid4().hex[:12]}"
+    embedding = HashEmbeddings()
+    long_memory = ChromaLongMemory(
+        client=chroma_client,
+        collection_name=memories,
+        embedding=embedding,
+        backup=archive,
+        start_worker=False,
+    )
+    try:
+        kb = KnowledgeBase.from_long_memory(long_memory, collection_name=knowledge, chunk_size=50)
+        assert kb.client is chroma_client
+        assert kb.embedding is embedding
+        assert kb.collection.name == knowledge
+        assert (kb.chunk_size, kb.chunk_overlap) == (50, 10)  # overlap follows the size
+        kb.add_texts(["knowledge is not memory"])
+        assert long_memory.collection.count() == 0  # a separate collection
+        with pytest.raises(ValueError, match="collection of its own"):
+            KnowledgeBase.from_long_memory(long_memory, collection_name=memories)
+    finally:
+        long_memory.close()
+        archive.dispose()
+        for name in (memories, knowledge):
+            chroma_client.delete_collection(name)
+
+
+def test_bad_settings_are_value_errors(chroma_client: Any) -> None:
+    for kwargs in (
+        {"chunk_size": 0},
+        {"chunk_size": 100, "chunk_overlap": 100},
+        {"chunk_overlap": -1},
+        {"collection_name": ""},
+    ):
+        with pytest.raises(ValueError, match=r"chunk_size|chunk_overlap|collection_name"):
+            KnowledgeBase(client=chroma_client, embedding=HashEmbeddings(), **kwargs)
+
+
+# -- texts -------------------------------------------------------------------------
+
+
+def test_add_texts_splits_and_retrieves_the_right_chunk(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    ids = kb.add_texts([AR_DOC, "Deployments happen on Fridays."], [{"source": "ar"}, {}])
+    assert len(ids) == len(set(ids)) == kb.count() > 2
+    chunks = all_chunks(kb)
+    assert all(len(text) <= 120 for text, _ in chunks.values())
+    ar = sorted((m["chunk"], t) for t, m in chunks.values() if m.get("source") == "ar")
+    assert [index for index, _ in ar] == list(range(len(ar)))
+    assert "reminder email" in " ".join(text for _, text in ar)
+    top = kb.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
+    assert top.metadata["source"] == "ar"
+    assert 0 < top.metadata["score"] <= 1
+    assert top.id in ids
+
+
+def test_adding_the_same_texts_again_does_not_duplicate(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    first = kb.add_texts([AR_DOC, "another text"])
+    second = kb.add_texts([AR_DOC, "another text"])
+    assert first == second
+    assert kb.count() == len(first)
+
+
+def test_chinese_text_is_split_at_sentence_ends(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=20, chunk_overlap=0)
+    kb.add_texts(["应收账款表记录了客户的发票。每张发票有一个编号，还有金额和到期日。付款后状态变为已结清。"])
+    texts = sorted(text for text, _ in all_chunks(kb).values())
+    assert texts == sorted(
+        [
+            "应收账款表记录了客户的发票。",
+            "每张发票有一个编号，还有金额和到期日。",
+            "付款后状态变为已结清。",
+        ]
+    )
+
+
+def test_add_texts_input_errors(make_kb: MakeKB) -> None:
+    kb = make_kb()
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str"):
+        kb.add_texts(["ok", 42])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="2 metadatas for 1 texts"):
+        kb.add_texts(["one"], [{}, {}])
+    assert kb.count() == 0
+    kb.add_texts("a single string is one text")
+    assert kb.count() == 1
+    with pytest.raises(TypeError, match="query must be a str"):
+        kb.search(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        kb.as_retriever(k=0)
+
+
+# -- files -------------------------------------------------------------------------
+
+
+def test_add_files_records_the_source_and_replaces_on_re_add(
+    make_kb: MakeKB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "ar.md").write_text(AR_DOC, encoding="utf-8")
+    (docs / "faq.txt").write_text("Deployments happen on Fridays.\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+
+    ids = kb.add_files(["docs/ar.md", docs / "faq.txt"])
+    chunks = all_chunks(kb)
+    assert set(chunks) == set(ids)
+    sources = {metadata["source"] for _, metadata in chunks.values()}
+    assert sources == {str(docs / "ar.md"), str(docs / "faq.txt")}
+    md_chunks = [t for t, m in chunks.values() if m["filename"] == "ar.md"]
+    assert len(md_chunks) > 1
+    assert any(text.startswith("## The AR table") for text in md_chunks)  # split at headings
+
+    assert kb.add_files(docs / "ar.md") == [i for i in ids if chunks[i][1]["filename"] == "ar.md"]
+    assert kb.count() == len(ids)  # re-adding does not duplicate
+
+    (docs / "ar.md").write_text("# Receivables\nShorter now: only the AR table.", encoding="utf-8")
+    kb.add_files("docs/ar.md")
+    md_now = [t for t, m in all_chunks(kb).values() if m["filename"] == "ar.md"]
+    assert md_now == ["# Receivables\nShorter now: only the AR table."]  # stale chunks gone
+
+    assert kb.delete_source("docs/ar.md") == 1
+    assert [m["filename"] for _, m in all_chunks(kb).values()] == ["faq.txt"]
+    assert kb.delete_source(docs / "missing.md") == 0
+
+
+def test_delete_source_of_texts_added_with_a_source(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=60, chunk_overlap=0)
+    kb.add_texts([AR_DOC, "keep me"], [{"source": "wiki/ar"}, {"source": "wiki/other"}])
+    removed = kb.delete_source("wiki/ar")
+    assert removed > 1
+    assert [text for text, _ in all_chunks(kb).values()] == ["keep me"]
+
+
+def test_file_errors_name_the_file_and_store_nothing(make_kb: MakeKB, tmp_path: Path) -> None:
+    kb = make_kb()
+    good = tmp_path / "good.txt"
+    good.write_text("fine", encoding="utf-8")
+    with pytest.raises(FileNotFoundError, match=r"nope\.md"):
+        kb.add_files([good, tmp_path / "nope.md"])
+    assert kb.count() == 0
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not a utf-8 text file"):
+        kb.add_files(latin)
+    assert kb.add_files(latin, encoding="latin-1")
+    bom = tmp_path / "bom.md"
+    bom.write_bytes("\ufeff# Title".encode())
+    kb.add_files(bom)
+    assert "# Title" in [text for text, _ in all_chunks(kb).values()]
+
+
+def test_empty_file_removes_its_old_chunks(make_kb: MakeKB, tmp_path: Path) -> None:
+    kb = make_kb()
+    path = tmp_path / "notes.txt"
+    path.write_text("something", encoding="utf-8")
+    kb.add_files(path)
+    path.write_text("", encoding="utf-8")
+    assert kb.add_files(path) == []
+    assert kb.count() == 0
+
+
+# -- retrieval ---------------------------------------------------------------------
+
+
+async def test_retriever_invoke_ainvoke_k_and_filter(make_kb: MakeKB, tmp_path: Path) -> None:
+    kb = make_kb(chunk_size=80, chunk_overlap=0)
+    kb.add_texts(
+        [f"note {i} about invoices and reminders" for i in range(6)],
+        [{"source": f"n{i}", "team": "ar" if i % 2 else "ap"} for i in range(6)],
+    )
+    retriever = kb.as_retriever(k=3)
+    assert isinstance(retriever, BaseRetriever)
+    assert len(retriever.invoke("invoices")) == 3
+    assert len(retriever.invoke("invoices", k=5)) == 5
+    docs = await retriever.ainvoke("invoices", k=2)
+    assert len(docs) == 2 and all("invoices" in d.page_content for d in docs)
+    filtered = kb.as_retriever(k=6, where={"team": "ar"}).invoke("invoices")
+    assert sorted(d.metadata["source"] for d in filtered) == ["n1", "n3", "n5"]
+    assert await kb.asearch("invoices", k=1) == kb.search("invoices", k=1)
+
+
+def test_search_on_an_empty_base_is_empty(make_kb: MakeKB) -> None:
+    assert make_kb().search("anything") == []
+
+
+class TestKnowledgeRetrieverStandard(RetrieversIntegrationTests):
+    """``KnowledgeRetriever`` against langchain-tests' integration suite."""
+
+    kb: ClassVar[KnowledgeBase]
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _kb(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+        folder = tmp_path_factory.mktemp("kb-standard")
+        cls.kb = KnowledgeBase(persist_directory=folder, embedding=HashEmbeddings())
+        cls.kb.add_texts(
+            [
+                "The AR table has invoice number, amount and due date",
+                "Invoices are due thirty days after issue",
+                "The AP table lists vendors and amounts",
+                "Deployments happen on Fridays",
+                "The dashboard has a dark mode",
+                "Overdue invoices trigger a reminder email",
+            ]
+        )
+        yield
+
+    @property
+    def retriever_constructor(self) -> type[KnowledgeRetriever]:
+        return KnowledgeRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"knowledge_base": type(self).kb, "k": 4}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "invoice due date"
+
+
+def test_importing_the_package_does_not_import_the_splitters() -> None:
+    # The extra is optional: only KnowledgeBase needs it (checked in a fresh interpreter).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, langchain_tiered_memory as m; "
+        "assert 'langchain_text_splitters' not in sys.modules; "
+        "m.create_tiered_chain; m.FinishReasonHandler; "
+        "assert 'langchain_text_splitters' not in sys.modules, 'chain imported the splitters'"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
