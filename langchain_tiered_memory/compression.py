@@ -8,7 +8,8 @@ the tail are summarised too, down to the last turn. Level 2: still over
 ``force_delete_threshold``, the oldest messages of the last turn are deleted (and
 counted). Level 3: over ``error_threshold``, a :class:`ContextOverflowError` says to
 start a new session. No cut separates a tool result from the AI message that
-called it.
+called it, and a cut inside a turn keeps the question that opened it, so the
+prompt always has a user message.
 """
 
 from __future__ import annotations
@@ -158,6 +159,14 @@ def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:
     return index
 
 
+def _opener(messages: Sequence[BaseMessage], cut: int) -> int | None:
+    """The human message opening the turn that ``messages[cut]`` belongs to, if before it."""
+    if cut >= len(messages) or isinstance(messages[cut], HumanMessage):
+        return None
+    starts = [i for i in turn_starts(messages) if i < cut]
+    return starts[-1] if starts else None
+
+
 def validate_conversation(messages: Sequence[BaseMessage]) -> None:
     """Raise ``ValueError`` unless chat providers would accept ``messages``.
 
@@ -299,9 +308,16 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
     ) -> list[BaseMessage]:
         if cut == 0 and not earlier and not dropped:
             return head + body  # nothing to summarise: only the levels below apply
-        digest = self._digest(body[:cut], earlier, language)
+        folded, kept = body[:cut], body[cut:]
+        opener = _opener(body, cut)
+        if opener is not None:
+            # Cut inside a turn: keep the question that opened it, so the prompt
+            # still has a user message (some providers require one first).
+            folded = body[:opener] + body[opener + 1 : cut]
+            kept = [body[opener], *kept]
+        digest = self._digest(folded, earlier, language)
         digest.dropped += dropped
-        return [*head, self._summary_message(digest, language), *body[cut:]]
+        return [*head, self._summary_message(digest, language), *kept]
 
     def _enforce(self, messages: list[BaseMessage], language: str) -> list[BaseMessage]:
         """Level 2: force-delete the oldest messages of the last turn; level 3: refuse.
@@ -318,8 +334,13 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             head = [m for m in messages[:start] if not _is_summary(m)]
             earlier = [m for m in messages[:start] if _is_summary(m)]
             tail = messages[start:]
-            for cut in [i for i in range(1, len(tail)) if not isinstance(tail[i], ToolMessage)]:
-                messages = self._assemble(head, earlier, tail[cut:], 0, language, dropped=cut)
+            # The turn's question stays (see _assemble); the oldest messages after it go.
+            first = 1 if isinstance(tail[0], HumanMessage) else 0
+            for cut in [
+                i for i in range(first + 1, len(tail)) if not isinstance(tail[i], ToolMessage)
+            ]:
+                body = tail[:first] + tail[cut:]
+                messages = self._assemble(head, earlier, body, 0, language, dropped=cut - first)
                 size = self.measure(messages)
                 if size <= self.force_delete_threshold:
                     break

@@ -222,7 +222,34 @@ def test_level_two_force_deletes_inside_a_huge_last_turn() -> None:
     dropped = summary.additional_kwargs[SUMMARY_KEY]["dropped"]
     assert dropped > 0 and "force-deleted to fit the context" in summary.content
     assert len(compressed) - 2 + dropped == len(turn)
+    assert compressed[2] == turn[0]  # the question stays; the oldest pairs after it go
     validate_conversation(compressed)
+
+
+def test_a_cut_inside_a_turn_keeps_the_question_that_opened_it() -> None:
+    old = [HumanMessage("earlier question"), AIMessage("earlier answer " * 200)]
+    turn: list[BaseMessage] = [HumanMessage("compare the AR and AP documents")]
+    for n in range(3):
+        call = f"c{n}"
+        turn += [
+            AIMessage("", tool_calls=[{"name": "fetch", "args": {"n": n}, "id": call}]),
+            ToolMessage(f"doc {n} " + "row " * 300, tool_call_id=call, name="fetch"),
+        ]
+    compressor = ContextCompressor(
+        compress_threshold=500,
+        preserve_count=2,  # the cut lands inside the last turn
+        force_delete_threshold=5000,
+        error_threshold=10_000,
+        language="en",
+    )
+    compressed = compressor.compress([SystemMessage("s"), *old, *turn])
+    validate_conversation(compressed)
+    assert [m.type for m in compressed] == ["system", "system", "human", "ai", "tool"]
+    assert compressed[2] == turn[0]
+    assert compressed[-2:] == turn[-2:]
+    digest = compressed[1].additional_kwargs[SUMMARY_KEY]
+    assert (digest["user"], digest["ai"], digest["tool"]) == (1, 3, 2)  # question not counted
+    assert "earlier question" in compressed[1].content
 
 
 def test_level_three_raises_with_the_numbers_and_advice() -> None:
