@@ -14,7 +14,8 @@ $(VENV)/.base:
 	touch $@
 
 $(VENV)/.demo: $(VENV)/.base pyproject.toml
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet '$(TORCH)'
+	$(PY) -m pip install --quiet -e '.[chroma,offline-embeddings]'
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base pyproject.toml
@@ -23,14 +24,14 @@ $(VENV)/.test: $(VENV)/.base pyproject.toml
 	touch $@ $(VENV)/.demo
 
 demo: $(VENV)/.demo
-	$(PY) examples/demo.py
+	$(VENV)/bin/tiered-memory demo
 
 test: $(VENV)/.test
 	$(PY) -m ruff check langchain_tiered_memory tests benchmarks examples
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
-	$(PY) -m benchmarks.bench_hot_path
+	$(PY) -m benchmarks --eval-dir ../shared/eval --json bench.json
 
 clean:
 	rm -rf $(VENV) .tiered_memory
