@@ -27,11 +27,11 @@ demo: $(VENV)/.demo
 	$(VENV)/bin/tiered-memory demo
 
 test: $(VENV)/.test
-	$(PY) -m ruff check langchain_tiered_memory tests benchmarks examples
+	$(PY) -m ruff check langchain_tiered_memory tests benchmarks examples notebooks
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test
-	$(PY) -m benchmarks --eval-dir ../shared/eval --json bench.json
+	$(PY) -m benchmarks --eval-dir ../shared/eval
 
 clean:
 	rm -rf $(VENV) .tiered_memory

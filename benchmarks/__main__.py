@@ -553,7 +553,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--eval-dir", type=Path, default=Path("../shared/eval"))
     parser.add_argument("--quick", action="store_true", help="smallest sizes: check the plumbing")
-    parser.add_argument("--json", type=Path, help="write the summary and every module's results")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("benchmarks/results/latest.json"),
+        help="write the summary and every module's results (default: %(default)s)",
+    )
     parser.add_argument("--only", help="comma-separated modules, e.g. hot_path,recall")
     parser.add_argument(
         "--mysql-url",
@@ -612,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                 for o in outcomes
             },
         }
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(payload, ensure_ascii=False, indent=2), encoding="utf-8")
         print(f"wrote {opts.json}")
     return 0 if all(o.status == "ok" for o in outcomes) else 1

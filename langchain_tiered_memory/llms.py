@@ -22,6 +22,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field
 
+_QUESTION = re.compile(r"^## (?:User question|用户问题)\s*\n", re.MULTILINE)
+
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 
@@ -168,6 +170,7 @@ class ScriptedChatModel(BaseChatModel):
         self, messages: list[BaseMessage], stop: list[str] | None = None, **kwargs: Any
     ) -> ChatResult:
         question = next((_text(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
+        question = _QUESTION.split(question)[-1]  # the v3 prompt: documents, then the question
         if _CONSOLIDATION.search(question):
             answer = self._memory_md(question)
         elif question.strip() in self.script:
