@@ -177,8 +177,9 @@ def _compression_summary(payload: dict[str, Any]) -> list[Metric]:
                     f"compress() p50 / p95, {row['mode']} ({b['messages']} messages, "
                     f"{b['tokens']:,} tokens)",
                     f"{row['p50_ms']:.2f} / {row['p95_ms']:.2f} ms",
-                    target="p95 <= 20 ms",
-                    passed=row["p95_ms"] <= 20.0,
+                    # The target is per turn; "cold" (every text new) is shown for scale.
+                    target="" if row["mode"] == "cold" else "p95 <= 20 ms",
+                    passed=None if row["mode"] == "cold" else row["p95_ms"] <= 20.0,
                 )
             )
     return out
