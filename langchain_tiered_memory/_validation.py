@@ -15,6 +15,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 MAX_ID_LENGTH = 255
+#: Deepest nesting of dicts and lists accepted in a message's fields.
+MAX_NESTING = 200
 
 
 def validate_id(value: Any, name: str = "session_id") -> str:
@@ -39,6 +41,10 @@ def validate_id(value: Any, name: str = "session_id") -> str:
     if len(value) > MAX_ID_LENGTH:
         msg = f"{name} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}"
         raise ValueError(msg)
+    if value.endswith(" "):
+        # MySQL's PAD SPACE collations compare 'x ' equal to 'x': two scopes in one.
+        msg = f"{name} ends with a space; trailing spaces are not allowed in ids"
+        raise ValueError(msg)
     for position, char in enumerate(value):
         category = unicodedata.category(char)
         if category == "Cc":
@@ -55,8 +61,31 @@ def validate_optional_id(value: Any, name: str = "user_id") -> str | None:
     return None if value is None else validate_id(value, name)
 
 
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deeply dicts and lists nest in ``value``, counted up to ``limit + 1``."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack and deepest <= limit:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
-    """Return ``messages`` as a list, raising ``TypeError`` on anything else."""
+    """Return ``messages`` as a list, raising ``TypeError`` on anything else.
+
+    Raises:
+        TypeError: If an element is not a ``BaseMessage``.
+        ValueError: If a message's fields nest deeper than :data:`MAX_NESTING`
+            (JSON that deep may be stored, then fail to load on a deeper stack).
+    """
     if isinstance(messages, (str, bytes, BaseMessage)):
         msg = f"expected a sequence of BaseMessage, got a single {type(messages).__name__}"
         raise TypeError(msg)
@@ -67,6 +96,10 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
                 f"messages[{index}] is a {type(message).__name__}, not a langchain_core BaseMessage"
             )
             raise TypeError(msg)
+        depth = nesting_depth(list(vars(message).values()), MAX_NESTING)
+        if depth > MAX_NESTING:
+            msg = f"messages[{index}] nests more than {MAX_NESTING} levels deep"
+            raise ValueError(msg)
     return result
 
 

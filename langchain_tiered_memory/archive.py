@@ -156,7 +156,12 @@ async def _adrive(plan: Plan[T], conn: Any) -> T:
 
 
 def _encode(message: BaseMessage) -> list[str]:
-    payload = json.dumps(message_to_dict(message), ensure_ascii=False)
+    data = message_to_dict(message)
+    payload = json.dumps(data, ensure_ascii=False)
+    try:
+        payload.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: kept exactly, as \udXXX escapes
+        payload = json.dumps(data)
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
 
 
@@ -244,7 +249,9 @@ class MySQLBackup:
         with self._async_lock:
             engine = self._async_engines.get(loop)
             if engine is None:
-                engine = create_async_engine(_async_url(self.url), **_engine_defaults(self.url))
+                engine = create_async_engine(
+                    _async_url(self.url), **_engine_defaults(self.url, asynchronous=True)
+                )
                 if self.dialect == "sqlite":
                     _configure_sqlite(engine.sync_engine)
                 self._async_engines[loop] = engine
@@ -316,7 +323,10 @@ class MySQLBackup:
                 yield insert(self.parts_table).values(message_id=message_id, seq=seq, data=piece)
             ids.append(message_id)
         for kind in jobs if ids else ():
-            yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[-1], now)
+            # One extraction per finished turn of the batch, not only the last one.
+            ends = _turn_ends(messages) if kind == "extract" else [len(ids) - 1]
+            for end in ends:
+                yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[end], now)
         if consolidate_after is not None and ids:
             yield from backlog_enqueue_plan(
                 self.tables, "consolidate", session_id, user_id, ids[-1], consolidate_after, now
@@ -604,6 +614,18 @@ def _check_add(
     )
 
 
+def _turn_ends(messages: Sequence[BaseMessage]) -> list[int]:
+    """Indexes of the AI answers (no tool calls) that close a turn, and the last one."""
+    ends = [
+        i
+        for i, message in enumerate(messages[:-1])
+        if role_of(message) == "ai"
+        and not getattr(message, "tool_calls", None)
+        and role_of(messages[i + 1]) == "human"
+    ]
+    return [*ends, len(messages) - 1]
+
+
 def scope_conditions(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:
     """WHERE conditions selecting a session, a user, or one user's session."""
     conditions = []
@@ -621,11 +643,18 @@ def _positive(value: Any, name: str) -> int:
     return value
 
 
-def _engine_defaults(url: URL, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _engine_defaults(
+    url: URL, extra: dict[str, Any] | None = None, *, asynchronous: bool = False
+) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if url.get_backend_name() in ("mysql", "mariadb"):
-        # Reconnect transparently after a server restart or an idle timeout.
+        # Reconnect transparently after a server restart or an idle timeout, and
+        # never wait forever on a server that stopped answering: PyMySQL has no
+        # socket timeout by default (aiomysql knows only the connect timeout).
         kwargs.update(pool_pre_ping=True, pool_recycle=3600)
+        kwargs["connect_args"] = {"connect_timeout": 10}
+        if not asynchronous:
+            kwargs["connect_args"].update(read_timeout=60, write_timeout=60)
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}
     kwargs.update(extra or {})

@@ -28,8 +28,23 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
 from langchain_tiered_memory._validation import safe_filename, validate_id
-from langchain_tiered_memory.archive import MySQLBackup, Plan, default_home, role_of, utcnow
-from langchain_tiered_memory.jobs import Job, JobQueue, QueueWorker, call_with_timeout
+from langchain_tiered_memory.archive import (
+    ArchiveUnavailableError,
+    MySQLBackup,
+    Plan,
+    default_home,
+    role_of,
+    utcnow,
+)
+from langchain_tiered_memory.jobs import (
+    Job,
+    JobQueue,
+    QueueWorker,
+    backoff,
+    call_with_timeout,
+    check_int,
+    check_seconds,
+)
 from langchain_tiered_memory.lexical import cjk_share
 from langchain_tiered_memory.session_files import atomic_write
 
@@ -64,6 +79,8 @@ ROLE_LABELS = {
     "en": {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"},
 }
 MESSAGE_CHARS = 2000  # per message in the prompt and HISTORY.md; the archive keeps all
+# Lone surrogates cannot be written as UTF-8 (files, MySQL): they become U+FFFD.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SECRETS = [
     (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE), r"\1***\2"),
     (
@@ -136,8 +153,16 @@ class MemoryConsolidator(QueueWorker):
         start_worker: bool = True,
         lease_seconds: float = 600.0,
     ) -> None:
+        check_int("threshold", threshold)
+        check_int("batch", batch)
         if not 0 < batch <= threshold:
             msg = f"need 0 < batch <= threshold, got batch={batch}, threshold={threshold}"
+            raise ValueError(msg)
+        check_int("max_attempts", max_attempts)
+        check_seconds("timeout", timeout)
+        check_seconds("retry_base_delay", retry_base_delay, zero_ok=True)
+        if language not in (None, "en", "zh"):
+            msg = f"language must be 'en', 'zh' or None, got {language!r}"
             raise ValueError(msg)
         if backup is None:
             from langchain_tiered_memory.history import default_backup
@@ -222,7 +247,7 @@ class MemoryConsolidator(QueueWorker):
         lines = []
         for message in messages:
             text = message.text if isinstance(message.text, str) else str(message.content)
-            text = " ".join(text.split())
+            text = _SURROGATE.sub("\ufffd", " ".join(text.split()))
             if len(text) > MESSAGE_CHARS:
                 text = text[:MESSAGE_CHARS] + "…"
             lines.append(f"{labels.get(role_of(message), role_of(message))}: {text}")
@@ -234,9 +259,11 @@ class MemoryConsolidator(QueueWorker):
             try:
                 self._consolidate(job)
                 finished += 1
+            except ArchiveUnavailableError:
+                raise  # an outage is not the LLM's failure: the job is claimed again later
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                delay = self.retry_base_delay * 2**job.attempts
+                delay = backoff(self.retry_base_delay, job.attempts)
                 logger.warning("consolidation of %r failed (%s)", job.session_id, error)
                 self.queue.retry(job, error, delay)
         return finished
@@ -260,7 +287,7 @@ class MemoryConsolidator(QueueWorker):
             if not text.strip():
                 msg = "the LLM returned an empty MEMORY.md"
                 raise ValueError(msg)
-            memory = redact(text.strip()) + "\n"
+            memory = redact(_SURROGATE.sub("\ufffd", text.strip())) + "\n"
         first_id, last_id = rows[0].id, rows[-1].id
         stamp = utcnow().strftime("%Y-%m-%d %H:%M")
         marker = f"<!-- batch {first_id}-{last_id} -->"

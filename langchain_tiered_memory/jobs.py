@@ -28,7 +28,56 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
+#: Longest accepted lease, poll interval, timeout or backoff base (ten years):
+#: larger ones overflow ``timedelta`` and the databases' DATETIME columns.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+#: A failed job never waits longer than a day between attempts.
+MAX_BACKOFF = 24 * 3600.0
 T = TypeVar("T")
+
+
+def check_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` if it is an int of at least ``minimum``.
+
+    Raises:
+        TypeError: If it is not an int (a bool is not one here).
+        ValueError: If it is smaller than ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{name} must be an int, got {value!r}"
+        raise TypeError(msg)
+    if value < minimum:
+        msg = f"{name} must be at least {minimum}, got {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def check_number(
+    name: str, value: Any, low: float, high: float, *, low_ok: bool = True
+) -> float:
+    """``value`` as a float if it is a number in ``[low, high]`` (``(low, high]``).
+
+    Raises:
+        TypeError: If it is not an int or a float (a bool is not one here).
+        ValueError: If it is out of range or NaN.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        msg = f"{name} must be a number, got {value!r}"
+        raise TypeError(msg)
+    if not ((low <= value if low_ok else low < value) and value <= high):
+        msg = f"{name} must be in {'[' if low_ok else '('}{low:g}, {high:g}], got {value!r}"
+        raise ValueError(msg)
+    return float(value)
+
+
+def check_seconds(name: str, value: Any, *, zero_ok: bool = False) -> float:
+    """``value`` if it is a usable number of seconds (positive, or zero if allowed)."""
+    return check_number(name, value, 0.0, MAX_SECONDS, low_ok=zero_ok)
+
+
+def backoff(base: float, attempts: int) -> float:
+    """``base`` doubled per earlier attempt, at most :data:`MAX_BACKOFF` seconds."""
+    return min(base * 2 ** min(attempts, 40), MAX_BACKOFF)
 
 
 @dataclass(frozen=True)
@@ -155,7 +204,7 @@ class JobQueue:
     ) -> None:
         self.backup = backup
         self.kinds = tuple(kinds)
-        self.lease = timedelta(seconds=lease_seconds)
+        self.lease = timedelta(seconds=check_seconds("lease_seconds", lease_seconds))
         self.worker_id = new_worker_id()
         self.jobs = backup.tables.jobs
 
@@ -170,15 +219,23 @@ class JobQueue:
         # the per-session order exact without relying on SKIP LOCKED semantics.
         yield select(locks.c.name).where(locks.c.name == "claim").with_for_update()
         earlier = j.alias("earlier")
+        # Claims run under the worker's lock, so a job still marked as ours is left
+        # over from a batch that raised (the database or Chroma went away): take it
+        # again now instead of waiting out the lease.
         claimable = or_(
             and_(j.c.state == "pending", j.c.not_before <= now),
             and_(j.c.state == "running", j.c.lease_until < now),
+            and_(j.c.state == "running", j.c.worker == self.worker_id),
         )
         blocked = exists().where(
             earlier.c.session_id == j.c.session_id,
             earlier.c.id < j.c.id,
             or_(
-                and_(earlier.c.state == "running", earlier.c.lease_until >= now),
+                and_(
+                    earlier.c.state == "running",
+                    earlier.c.lease_until >= now,
+                    earlier.c.worker != self.worker_id,
+                ),
                 and_(earlier.c.state == "pending", earlier.c.not_before > now),
             ),
         )
@@ -265,7 +322,12 @@ class JobQueue:
     # -- sync API -------------------------------------------------------------
 
     def claim(self, limit: int = 64) -> list[Job]:
-        """Claim up to ``limit`` jobs, oldest first, at most the runnable ones per session."""
+        """Claim up to ``limit`` jobs, oldest first, at most the runnable ones per session.
+
+        Jobs this queue claimed earlier and never finished are claimed again, so a
+        caller must not claim while a batch of its own is in flight
+        (:class:`QueueWorker` holds a lock for that).
+        """
         return self.backup.run(self._claim_plan(limit), write=True)
 
     def done(self, job_ids: Sequence[int]) -> None:
@@ -309,8 +371,8 @@ class QueueWorker:
         self, queue: JobQueue, *, poll_interval: float, batch_size: int, start: bool
     ) -> None:
         self.queue = queue
-        self.poll_interval = poll_interval
-        self.batch_size = batch_size
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self.batch_size = check_int("batch_size", batch_size)
         self._work_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -355,11 +417,19 @@ class QueueWorker:
             self.queue.reclaim_dead()
         except Exception:
             logger.exception("could not re-drive the jobs of dead workers")
+        last_error = ""
         while not self._stop.is_set():
             try:
                 busy = self.run_pending(max_batches=1) > 0
-            except Exception:
-                logger.exception("%s failed; retrying", type(self).__name__)
+                last_error = ""
+            except Exception as exc:
+                # An outage fails every poll the same way: the first in full, then
+                # one line each, so the log is not a wall of identical tracebacks.
+                if str(exc) != last_error:
+                    logger.exception("%s failed; retrying", type(self).__name__)
+                else:
+                    logger.warning("%s still failing: %s", type(self).__name__, exc)
+                last_error = str(exc)
                 busy = False
             if not busy:
                 self._wake.wait(self.poll_interval)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from sqlalchemy import delete, func, insert, select, update
 from langchain_tiered_memory._extras import import_extra
 from langchain_tiered_memory._validation import validate_id
 from langchain_tiered_memory.archive import (
+    ArchiveUnavailableError,
     MySQLBackup,
     Plan,
     default_home,
@@ -49,7 +51,16 @@ from langchain_tiered_memory.extraction import (
     format_turn,
     parse_extraction,
 )
-from langchain_tiered_memory.jobs import Job, JobQueue, QueueWorker, call_with_timeout
+from langchain_tiered_memory.jobs import (
+    Job,
+    JobQueue,
+    QueueWorker,
+    backoff,
+    call_with_timeout,
+    check_int,
+    check_number,
+    check_seconds,
+)
 from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse
 
 logger = logging.getLogger(__name__)
@@ -57,6 +68,10 @@ logger = logging.getLogger(__name__)
 Scope = Literal["session", "user"]
 PAGE = 100  # Chroma and many stores cap a delete page; stay well under it.
 CONTEXT_CHARS = 2000
+#: A memory is cut to this many characters (the archive keeps the whole turn): a
+#: 16 MB turn or a runaway answer would not fit a prompt, nor one MySQL packet.
+MEMORY_CHARS = 8000
+_SURROGATE = re.compile("[\ud800-\udfff]")
 TURN_SCAN = 500  # messages looked at to find where a turn starts
 
 
@@ -105,6 +120,12 @@ class _ScopeIndex:
 
 def _hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _storable(text: str, limit: int = MEMORY_CHARS) -> str:
+    """Text that Chroma and the catalog accept: lone surrogates replaced, at most ``limit``."""
+    text = _SURROGATE.sub("\ufffd", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _normalise(text: str) -> str:
@@ -187,23 +208,42 @@ class ChromaLongMemory(QueueWorker):
         if language not in (None, "en", "zh"):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
             raise ValueError(msg)
-        if not 0 < dedupe_threshold <= 1:
-            msg = f"dedupe_threshold must be in (0, 1], got {dedupe_threshold!r}"
-            raise ValueError(msg)
-        if max_attempts < 1:
-            msg = f"max_attempts must be at least 1, got {max_attempts!r}"
-            raise ValueError(msg)
+        dedupe_threshold = check_number("dedupe_threshold", dedupe_threshold, 0, 1, low_ok=False)
+        check_int("max_attempts", max_attempts)
+        check_seconds("extract_timeout", extract_timeout)
+        check_seconds("retry_base_delay", retry_base_delay, zero_ok=True)
+        dense_weight = check_number("dense_weight", dense_weight, 0, 1)
+        if not isinstance(collection_name, str):
+            msg = f"collection_name must be a str, got {type(collection_name).__name__}"
+            raise TypeError(msg)
         if backup is None:
             from langchain_tiered_memory.history import default_backup
 
             backup = default_backup()
         self.backup = backup
-        self.client = self._make_client(client, persist_directory, host, port)
-        self.collection = self.client.get_or_create_collection(
-            collection_name,
-            embedding_function=None,
-            metadata={"hnsw:space": "cosine", "hnsw:search_ef": 128, "hnsw:construction_ef": 128},
-        )
+        self._client_args = (client, persist_directory, host, port)
+        self._client: Any = None
+        self._collection: Any = None
+        self._collection_name = collection_name
+        self._chroma_lock = threading.Lock()
+        try:
+            self.collection  # noqa: B018 - connect now when we can
+        except Exception as exc:
+            if type(exc).__name__ == "InvalidArgumentError":  # chromadb's, for a bad name
+                msg = f"collection_name {collection_name!r} is refused by Chroma: {exc}"
+                raise ValueError(msg) from exc
+            if client is not None or persist_directory is not None or host is None:
+                raise
+            # A server that is down must not stop the chat: turns are archived and
+            # queued, search answers from the catalog, and the worker writes the
+            # vectors once the server is back.
+            logger.warning(
+                "the Chroma server at %s:%s is unreachable (%s); long-term memories "
+                "will be written once it answers",
+                host,
+                port,
+                exc,
+            )
         if embedding is None:
             from langchain_tiered_memory.embeddings import MiniLMEmbeddings
 
@@ -229,6 +269,36 @@ class ChromaLongMemory(QueueWorker):
 
     # -- setup ----------------------------------------------------------------
 
+    @property
+    def client(self) -> Any:
+        """The ``chromadb`` client (connected on first use if the server was down)."""
+        with self._chroma_lock:
+            if self._client is None:
+                self._client = self._make_client(*self._client_args)
+            return self._client
+
+    @property
+    def collection(self) -> Any:
+        """The Chroma collection of memories (created on first use if need be)."""
+        if self._collection is None:
+            collection = self.client.get_or_create_collection(
+                self._collection_name,
+                embedding_function=None,
+                metadata={
+                    "hnsw:space": "cosine",
+                    "hnsw:search_ef": 128,
+                    "hnsw:construction_ef": 128,
+                },
+            )
+            with self._chroma_lock:
+                self._collection = self._collection or collection
+        return self._collection
+
+    @collection.setter
+    def collection(self, value: Any) -> None:
+        # A wrapped collection (e.g. one that times its calls in a benchmark).
+        self._collection = value
+
     @staticmethod
     def _make_client(client: Any, persist_directory: Any, host: str | None, port: int) -> Any:
         if client is not None:
@@ -241,7 +311,7 @@ class ChromaLongMemory(QueueWorker):
         return chromadb.PersistentClient(path=str(path), settings=_chroma_settings())
 
     def __repr__(self) -> str:
-        return f"ChromaLongMemory(collection={self.collection.name!r}, backup={self.backup!r})"
+        return f"ChromaLongMemory(collection={self._collection_name!r}, backup={self.backup!r})"
 
     @property
     def languages(self) -> frozenset[str] | None:
@@ -287,10 +357,12 @@ class ChromaLongMemory(QueueWorker):
         """The memory text of a turn and its kind (``extracted`` or ``raw``)."""
         language = self.language or detect_language(turn)
         if self.extractor is None or job.attempts >= self.max_attempts:
-            return format_turn(turn, language) or None, "raw"
+            raw = format_turn(turn, language)
+            return (_storable(raw) if raw else None), "raw"
         prompt = extraction_prompt(turn, language)
         answer = call_with_timeout(lambda: self.extractor.invoke(prompt), self.extract_timeout)
-        return parse_extraction(answer), "extracted"
+        text = parse_extraction(answer)
+        return (None if text is None else _storable(text)), "extracted"
 
     def _process(self, jobs: Sequence[Job]) -> int:
         failed_sessions: set[str] = set()
@@ -301,7 +373,14 @@ class ChromaLongMemory(QueueWorker):
             if job.session_id in failed_sessions:
                 skipped.append(job.id)  # keeps the session's order
                 continue
-            before, turn = self.backup.run(self._turn_plan(job))
+            try:
+                before, turn = self.backup.run(self._turn_plan(job))
+            except ArchiveUnavailableError:
+                raise  # an outage: the batch is claimed again later
+            except Exception as exc:  # a stored message this process cannot decode
+                failed_sessions.add(job.session_id)
+                self._unreadable(job, exc)
+                continue
             if not turn:  # its messages were deleted (clear or forget)
                 empty.append(job)
                 continue
@@ -335,7 +414,21 @@ class ChromaLongMemory(QueueWorker):
         messages = [r.message for r in before if role_of(r.message) in ("human", "ai")]
         if not messages:
             return None
-        return format_turn(messages, self.language or detect_language(messages))[:CONTEXT_CHARS]
+        text = format_turn(messages, self.language or detect_language(messages))
+        return _storable(text[:CONTEXT_CHARS])
+
+    def _unreadable(self, job: Job, exc: BaseException) -> None:
+        """Park a job whose turn cannot be read, so it holds up only its own session."""
+        error = f"{type(exc).__name__}: {exc}"
+        delay = backoff(self.retry_base_delay, job.attempts)
+        logger.error(
+            "cannot read the turn of job %d (session %r): %s; retry in %.0f s",
+            job.id,
+            job.session_id,
+            error,
+            delay,
+        )
+        self.queue.retry(job, error, delay)
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -349,7 +442,7 @@ class ChromaLongMemory(QueueWorker):
             )
             delay = 0.0
         else:
-            delay = self.retry_base_delay * 2**job.attempts
+            delay = backoff(self.retry_base_delay, job.attempts)
             logger.info("extraction attempt %d failed (%s); retry in %.1fs", attempt, error, delay)
         self.queue.retry(job, error, delay)
 
@@ -624,18 +717,22 @@ class ChromaLongMemory(QueueWorker):
             position = {doc_id: i for i, doc_id in enumerate(index.ids)}
             dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
             return dense
-        found = self.collection.query(
-            query_embeddings=[list(vector)],
-            n_results=min(pool, len(index.rows)),
-            where=where,
-            include=["distances"],
-        )
-        dense = {
-            doc_id: 1.0 - distance
-            for doc_id, distance in zip(found["ids"][0], found["distances"][0], strict=True)
-            if doc_id in index.rows
-        }
-        dense.update(self._similarities(vector, [i for i in lexical if i not in dense]))
+        try:
+            found = self.collection.query(
+                query_embeddings=[list(vector)],
+                n_results=min(pool, len(index.rows)),
+                where=where,
+                include=["distances"],
+            )
+            dense = {
+                doc_id: 1.0 - distance
+                for doc_id, distance in zip(found["ids"][0], found["distances"][0], strict=True)
+                if doc_id in index.rows
+            }
+            dense.update(self._similarities(vector, [i for i in lexical if i not in dense]))
+        except Exception as exc:  # Chroma unreachable: answer from the lexical side alone
+            logger.warning("dense search unavailable (%s); using BM25 only", exc)
+            return {}
         return dense
 
     def _similarities(self, vector: Sequence[float], ids: list[str]) -> dict[str, float]:

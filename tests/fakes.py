@@ -31,7 +31,7 @@ HOSTILE = [
     "x.meta",
     ".lock",
     "~root",
-    " ",
+    " x",
 ]
 
 

@@ -1,0 +1,449 @@
+"""Faults: the database stopped, crashed or frozen, the Chroma server killed, a bad LLM.
+
+The contract under test:
+
+* a write either succeeds durably or raises ``ArchiveUnavailableError``; nothing
+  acknowledged is lost or doubled, and a failed batch is stored wholly or not at all;
+* reads raise the same typed error while the archive is down, and never hang;
+* the chat keeps answering with what is reachable: with the Chroma server gone, turns
+  are still archived and long-term search still answers (from the catalog);
+* pending extraction and consolidation catch up by themselves once the service is
+  back, without waiting out a lease, and without counting the outage as LLM failures.
+
+MariaDB faults run on a private server (:class:`PrivateMariaDB`: its own data
+directory and port) that the tests stop, kill and freeze; Chroma faults on a private
+``chroma run``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from sqlalchemy import update
+
+from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.long_memory import ChromaLongMemory
+
+from .fakes import HashEmbeddings
+from .long_memory_support import FakeExtractor
+from .reliability_support import (
+    ChaosExtractor,
+    ChromaServer,
+    MemoryWriter,
+    PrivateMariaDB,
+    archive_rows,
+    by_session,
+    percentile,
+    private_mariadb,
+    table_rows,
+)
+
+MakeMemory = Callable[..., ChromaLongMemory]
+
+
+@pytest.fixture(scope="module")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateMariaDB]:
+    """A MariaDB of this module's own, which its tests stop, kill and freeze."""
+    with private_mariadb(tmp_path_factory.mktemp("mariadb")) as server:
+        yield server
+
+
+def _turn(tag: str, n: int) -> list[BaseMessage]:
+    return [HumanMessage(f"{tag} question {n} q{n}x"), AIMessage(f"{tag} answer {n} a{n}y")]
+
+
+class Writer(threading.Thread):
+    """Writes numbered turns until stopped; records what was acknowledged and what raised."""
+
+    def __init__(self, history: TieredChatMessageHistory, tag: str, pause: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.history, self.tag, self.pause = history, tag, pause
+        self.acked: list[int] = []
+        self.failed: list[int] = []
+        self.unexpected: list[BaseException] = []
+        self.slowest = 0.0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.halt.is_set():
+            began = time.monotonic()
+            try:
+                self.history.add_messages(_turn(self.tag, n))
+                self.acked.append(n)
+            except ArchiveUnavailableError:
+                self.failed.append(n)
+            except BaseException as exc:
+                self.unexpected.append(exc)
+            self.slowest = max(self.slowest, time.monotonic() - began)
+            n += 1
+            time.sleep(self.pause)
+
+    def wait_for(self, acked: int = 0, failed: int = 0, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < acked or len(self.failed) < failed:
+            assert time.monotonic() < deadline, (len(self.acked), len(self.failed))
+            assert not self.unexpected, self.unexpected
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(60)
+
+
+def _check_turns(backup: MySQLBackup, writer: Writer, session_id: str) -> list[int]:
+    """Acknowledged turns once each, in order; failed ones wholly or not at all."""
+    assert not writer.unexpected, writer.unexpected
+    contents = [str(row.content) for row in by_session(archive_rows(backup))[session_id]]
+    assert len(contents) % 2 == 0
+    stored = []
+    for k in range(0, len(contents), 2):
+        n = int(contents[k].split()[2])
+        assert contents[k : k + 2] == [str(m.content) for m in _turn(writer.tag, n)]
+        stored.append(n)
+    assert stored == sorted(set(stored)), "duplicated or reordered turns"
+    assert set(writer.acked) <= set(stored), set(writer.acked) - set(stored)
+    # A failed write may have committed before its connection died (the reply lost).
+    assert set(stored) - set(writer.acked) <= set(writer.failed)
+    return stored
+
+
+# -- the database: stopped, crashed, frozen ---------------------------------------------
+
+
+def test_mysql_stopped_and_restarted_mid_conversation(
+    mariadb: PrivateMariaDB, tmp_path: Path, chroma_client: Any, collection_name: str
+) -> None:
+    backup = MySQLBackup(mariadb.url, table_name=f"t_{uuid.uuid4().hex[:12]}")
+    extractor = FakeExtractor()
+    memory = ChromaLongMemory(
+        client=chroma_client,
+        collection_name=collection_name,
+        embedding=HashEmbeddings(),
+        extractor=extractor,
+        backup=backup,
+        poll_interval=0.05,
+        retry_base_delay=0.01,
+    )  # the default lease (300 s): catching up must not wait for it
+    consolidator = MemoryConsolidator(
+        MemoryWriter(),
+        root=tmp_path / "memory",
+        backup=backup,
+        threshold=8,
+        batch=4,
+        poll_interval=0.05,
+        retry_base_delay=0.01,
+    )
+    history = TieredChatMessageHistory(
+        "conv", user_id="u", backup=backup, long_memory=memory, consolidator=consolidator
+    )
+    writer = Writer(history, "db")
+    try:
+        writer.start()
+        writer.wait_for(acked=15)
+        mariadb.stop()
+        outage = time.monotonic()
+        writer.wait_for(failed=len(writer.failed) + 5)
+        # Reads fail fast with the same typed error while the server is down.
+        for read in (
+            lambda: history.messages,
+            lambda: history.search_memories("question"),
+            lambda: backup.history("conv"),
+            lambda: memory.flush(timeout=1),
+        ):
+            began = time.monotonic()
+            with pytest.raises(ArchiveUnavailableError, match=str(mariadb.port)):
+                read()
+            assert time.monotonic() - began < 10
+        mariadb.start()
+        writer.wait_for(acked=len(writer.acked) + 15)
+        back = time.monotonic()
+        writer.stop()
+        # The workers survived the outage and catch up on their own.
+        assert memory._thread is not None and memory._thread.is_alive()
+        assert consolidator._thread is not None and consolidator._thread.is_alive()
+        memory.flush(timeout=60)
+        consolidator.flush(timeout=60)
+        caught_up = time.monotonic() - back
+        stored = _check_turns(backup, writer, "conv")
+        assert len(writer.failed) >= 5 and len(stored) >= 30
+        assert history.messages[-1].content == _turn("db", stored[-1])[1].content
+        # Every stored turn has exactly one memory, extracted (the outage is not an
+        # extractor failure, so no turn fell back to raw).
+        rows = sorted(table_rows(backup, "memories"), key=lambda row: row.seq)
+        assert [row.text for row in rows] == [
+            f"Summary: db question {n} q{n}x" for n in stored
+        ]
+        assert table_rows(backup, "jobs") == []
+        logs = sorted(table_rows(backup, "history_log"), key=lambda row: row.first_id)
+        ids = [row.id for row in archive_rows(backup)]
+        assert [(r.first_id, r.last_id) for r in logs] == [
+            (ids[k], ids[k + 3]) for k in range(0, 4 * len(logs), 4)
+        ]
+        assert len(ids) - 4 * len(logs) <= 8
+        memory_md = (consolidator.folder("conv") / "MEMORY.md").read_text()
+        assert memory_md == consolidator.memory("conv")
+        print(
+            f"\n[faults] MySQL stop/start: outage {back - outage:.1f} s, "
+            f"{len(writer.failed)} writes raised, {len(writer.acked)} acknowledged, "
+            f"caught up {caught_up:.2f} s after the restart"
+        )
+    finally:
+        writer.stop()
+        memory.close()
+        consolidator.close()
+        if mariadb.process is None or mariadb.process.poll() is not None:
+            mariadb.start()
+        backup.metadata.drop_all(backup.engine)
+        backup.dispose()
+        chroma_client.delete_collection(collection_name)
+
+
+def test_mysql_killed_with_sigkill_keeps_every_acknowledged_write(
+    mariadb: PrivateMariaDB,
+) -> None:
+    backup = MySQLBackup(mariadb.url, table_name=f"t_{uuid.uuid4().hex[:12]}")
+    writers = [
+        Writer(TieredChatMessageHistory(f"crash{k}", backup=backup), f"w{k}", pause=0.0)
+        for k in range(4)
+    ]
+    try:
+        for writer in writers:
+            writer.start()
+        for writer in writers:
+            writer.wait_for(acked=20)
+        mariadb.kill()  # InnoDB has only its redo log to go by
+        for writer in writers:
+            writer.wait_for(failed=1)
+        mariadb.start()
+        for writer in writers:
+            writer.wait_for(acked=len(writer.acked) + 10)
+            writer.stop()
+        for k, writer in enumerate(writers):
+            _check_turns(backup, writer, f"crash{k}")
+    finally:
+        for writer in writers:
+            writer.stop()
+        if mariadb.process is None or mariadb.process.poll() is not None:
+            mariadb.start()
+        backup.metadata.drop_all(backup.engine)
+        backup.dispose()
+
+
+def test_a_frozen_mysql_server_raises_instead_of_hanging(mariadb: PrivateMariaDB) -> None:
+    """SIGSTOP: the port accepts connections and nothing answers.
+
+    Without socket timeouts PyMySQL waits forever; with them, writes and reads raise
+    ``ArchiveUnavailableError`` within the timeout and the next call after the thaw
+    works on the same objects.
+    """
+    backup = MySQLBackup(
+        mariadb.url,
+        table_name=f"t_{uuid.uuid4().hex[:12]}",
+        engine_kwargs={
+            "connect_args": {"connect_timeout": 2, "read_timeout": 2, "write_timeout": 2}
+        },
+    )
+    history = TieredChatMessageHistory("frozen", backup=backup)
+    try:
+        history.add_messages(_turn("f", 0))
+        mariadb.freeze()
+        try:
+            for action in (lambda: history.add_messages(_turn("f", 1)), lambda: history.messages):
+                began = time.monotonic()
+                with pytest.raises(ArchiveUnavailableError):
+                    action()
+                assert time.monotonic() - began < 15
+        finally:
+            mariadb.thaw()
+        history.add_messages(_turn("f", 2))
+        contents = [str(m.content) for m in backup.get_messages("frozen")]
+        assert contents[:2] == [str(m.content) for m in _turn("f", 0)]
+        assert contents[-2:] == [str(m.content) for m in _turn("f", 2)]
+        assert len(contents) in (4, 6)  # turn 1 wholly or not at all
+    finally:
+        mariadb.thaw()
+        backup.metadata.drop_all(backup.engine)
+        backup.dispose()
+
+
+# -- the Chroma server killed and restarted ------------------------------------------------
+
+
+def test_chroma_server_killed_and_restarted(
+    backup: MySQLBackup, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ChromaServer(tmp_path / "chroma-server")
+    server.start()
+    memory = ChromaLongMemory(
+        host="127.0.0.1",
+        port=server.port,
+        collection_name="faults",
+        embedding=HashEmbeddings(),
+        extractor=FakeExtractor(),
+        backup=backup,
+        poll_interval=0.05,
+        retry_base_delay=0.01,
+    )  # the default lease (300 s): catching up must not wait for it
+    history = TieredChatMessageHistory("c", user_id="u", backup=backup, long_memory=memory)
+    try:
+        for n in range(5):
+            history.add_messages(_turn("chroma", n))
+        memory.flush(timeout=30)
+        server.kill()
+        latencies = []
+        for n in range(5, 10):
+            began = time.monotonic()
+            history.add_messages(_turn("chroma", n))  # the hot path does not need Chroma
+            latencies.append(time.monotonic() - began)
+        assert max(latencies) < 1.0, latencies
+        assert [m.content for m in history.messages][-1] == "chroma answer 9 a9y"
+        # Search still answers, from the catalog's vectors: no exception.
+        docs = history.search_memories("chroma question 3 q3x", k=3)
+        assert docs and docs[0].page_content == "Summary: chroma question 3 q3x"
+        context = memory.as_context().invoke(
+            {"input": "question 1"}, config={"configurable": {"session_id": "c"}}
+        )
+        assert "Summary: chroma question 1 q1x" in context
+        # Memories older than the catalog's vectors need Chroma for the dense side:
+        # without it, a warning and BM25 alone, never an exception.
+        memories = backup.tables.memories
+
+        def drop_vectors() -> Any:
+            yield update(memories).where(memories.c.session_id == "c").values(vector=None)
+
+        backup.run(drop_vectors())
+        with caplog.at_level("WARNING", logger="langchain_tiered_memory"):
+            reader = ChromaLongMemory(  # a new process's view: no cached vectors
+                host="127.0.0.1",
+                port=server.port,
+                collection_name="faults",
+                embedding=HashEmbeddings(),
+                backup=backup,
+                start_worker=False,
+            )
+            docs = reader.search("chroma question 4 q4x", session_id="c", k=3)
+        reader.close()
+        assert docs and docs[0].page_content == "Summary: chroma question 4 q4x"
+        assert "the Chroma server at" in caplog.text  # at construction
+        assert "dense search unavailable" in caplog.text  # at search
+        time.sleep(0.5)  # the worker tries, fails on Chroma, and keeps the jobs
+        assert len(table_rows(backup, "jobs")) == 5
+        assert memory._thread is not None and memory._thread.is_alive()
+        server.start()  # same folder and port
+        back = time.monotonic()
+        memory.flush(timeout=30)
+        caught_up = time.monotonic() - back
+        rows = sorted(table_rows(backup, "memories"), key=lambda row: row.seq)
+        expected = [f"Summary: chroma question {n} q{n}x" for n in range(10)]
+        assert [row.text for row in rows] == expected
+        assert [row.kind for row in rows] == ["extracted"] * 10  # no raw fallback
+        # Chroma kept what it had acknowledged before the kill, and got the rest.
+        assert sorted(memory.collection.get(include=[])["ids"]) == sorted(row.id for row in rows)
+        print(f"\n[faults] Chroma kill/restart: caught up {caught_up:.2f} s after the restart")
+    finally:
+        memory.close()
+        server.stop()
+
+
+def test_long_memory_starts_while_the_chroma_server_is_down(
+    backup: MySQLBackup, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ChromaServer(tmp_path / "chroma-late")
+    history: TieredChatMessageHistory | None = None
+    with caplog.at_level("WARNING"):
+        memory = ChromaLongMemory(
+            host="127.0.0.1",
+            port=server.port,
+            collection_name="late",
+            embedding=HashEmbeddings(),
+            backup=backup,
+            poll_interval=0.05,
+        )
+    try:
+        assert any("Chroma" in record.getMessage() for record in caplog.records)
+        history = TieredChatMessageHistory("late", backup=backup, long_memory=memory)
+        history.add_messages(_turn("late", 0))
+        assert history.search_memories("question") == []
+        server.start()
+        memory.flush(timeout=30)
+        [doc] = history.search_memories("question 0")
+        assert doc.page_content == "User: late question 0 q0x\nAI: late answer 0 a0y"
+        assert memory.collection.count() == 1
+    finally:
+        memory.close()
+        server.stop()
+
+
+# -- the extractor LLM failing, hanging, or answering garbage --------------------------------
+
+MODES = ["ok", "raise", "hang", "empty", "blocks", "surrogate", "huge", "none", "flaky", "ok"]
+
+
+def test_a_misbehaving_extractor_never_blocks_the_chat(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    extractor = ChaosExtractor(hang=3.0)
+    memory = make_memory(
+        extractor=extractor,
+        extract_timeout=0.5,
+        retry_base_delay=0.01,
+        poll_interval=0.02,
+        start_worker=True,
+        batch_size=1,
+    )
+    history = TieredChatMessageHistory("chaos", backup=backup, long_memory=memory)
+    latencies = []
+    for n, mode in enumerate(MODES):
+        began = time.monotonic()
+        history.add_messages(
+            [HumanMessage(f"question mode={mode} #{n}"), AIMessage(f"answer {n}")]
+        )
+        latencies.append(time.monotonic() - began)
+        assert history.messages[-1].content == f"answer {n}"
+    hang_started = time.monotonic()
+    while extractor.seen.get("mode=hang #2", 0) == 0:
+        assert time.monotonic() - hang_started < 30
+        time.sleep(0.02)
+    for n in range(len(MODES), len(MODES) + 10):  # while the extractor hangs
+        began = time.monotonic()
+        history.add_messages([HumanMessage(f"more mode=ok #{n}"), AIMessage(f"answer {n}")])
+        latencies.append(time.monotonic() - began)
+    memory.flush(timeout=60)
+    assert memory._thread is not None and memory._thread.is_alive()
+    assert table_rows(backup, "jobs") == []
+    rows = {json.loads(row.source_ids)[0]: row for row in table_rows(backup, "memories")}
+    ids = [row.id for row in archive_rows(backup)]
+    outcome = {}
+    for n in range(len(MODES) + 10):
+        row = rows.get(ids[2 * n])
+        outcome[n] = None if row is None else (row.kind, len(row.text))
+    for n, mode in enumerate(MODES):
+        row = rows.get(ids[2 * n])
+        if mode in ("ok", "flaky"):
+            assert (row.kind, row.text) == ("extracted", f"Summary: mode={mode} #{n}")
+        elif mode == "none":
+            assert row is None
+        elif mode == "surrogate":  # stored, the lone surrogate replaced
+            assert row.kind == "extracted" and "\ud800" not in row.text
+        elif mode == "huge":  # stored, cut to a size a memory can use
+            assert row.kind == "extracted" and 0 < len(row.text) < extractor.huge
+        else:  # raise, hang, empty, blocks: three failed attempts, then the raw turn
+            assert row.kind == "raw", (mode, outcome)
+            assert row.text == f"User: question mode={mode} #{n}\nAI: answer {n}"
+            assert extractor.seen[f"mode={mode} #{n}"] == 3
+    # The hot path never waited for the extractor (0.5 s timeouts, 3 s hangs).
+    assert max(latencies) < 0.5, sorted(latencies)[-3:]
+    print(
+        f"\n[faults] chaos extractor: add_messages p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms"
+    )
