@@ -254,8 +254,14 @@ class Store:
             self._backup = backup
         return self._backup
 
-    def long_memory(self, **kwargs: Any) -> ChromaLongMemory:
-        """The long-term tier on this store's archive (no worker unless asked)."""
+    def long_memory(self, *, connect: bool = False, **kwargs: Any) -> ChromaLongMemory:
+        """The long-term tier on this store's archive (no worker unless asked).
+
+        Args:
+            connect: Reach the Chroma collection now (commands that write vectors);
+                otherwise a server that is down only means search from the catalog.
+            **kwargs: More ``ChromaLongMemory`` arguments.
+        """
         from langchain_tiered_memory.long_memory import ChromaLongMemory
 
         server = self.chroma_server()
@@ -273,6 +279,8 @@ class Store:
             memory = ChromaLongMemory(
                 **location, collection_name=self.collection, backup=backup, **kwargs
             )
+            if connect:
+                memory.collection  # noqa: B018 - connect now, to name the server on failure
         except ImportError:
             raise
         except Exception as exc:  # chromadb's errors name no server: say which one
@@ -717,7 +725,7 @@ def forget(
             typer.confirm(f"Forget {what} from every tier?", abort=True)
         notes: list[str] = []
         try:
-            store.long_memory()  # registers the removal of its Chroma vectors
+            store.long_memory(connect=True)  # registers the removal of its Chroma vectors
         except ImportError:
             if memories:
                 raise
@@ -743,7 +751,7 @@ def reindex(
     """Rebuild the Chroma collection from the archive's memory catalog (with a progress bar)."""
     with open_store(url, home, chroma_host, chroma_port, collection, table) as store:
         store.backup()
-        memory = store.long_memory()
+        memory = store.long_memory(connect=True)
         started = time.perf_counter()
         done = memory.reindex(progress=True)
         _out().print(
