@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatResult
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 from langchain_tiered_memory.lexical import tokenize
@@ -95,3 +103,83 @@ class HashEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self._vector(text)
+
+
+USAGE = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
+
+
+def cut(text: str, **metadata: Any) -> AIMessage:
+    """A reply stopped by the output-token limit (OpenAI's spelling by default)."""
+    return AIMessage(
+        text,
+        response_metadata={"finish_reason": "length", "model_name": "fake-1", **metadata},
+        usage_metadata=USAGE,
+    )
+
+
+def done(text: str) -> AIMessage:
+    """A reply that ended normally."""
+    return AIMessage(
+        text,
+        response_metadata={"finish_reason": "stop", "model_name": "fake-1"},
+        usage_metadata=USAGE,
+    )
+
+
+class ScriptedChatModel(RecordingChatModel):
+    """Scripted replies that keep their metadata when streamed, and can fail mid-stream.
+
+    Streaming splits a reply on whitespace; ``model_name`` rides on the first chunk,
+    the finish reason and usage on the last one (as OpenAI, Anthropic and Ollama
+    send them). ``fail_after`` raises after that many chunks of a stream.
+    ``bind_tools`` binds OpenAI tool schemas; ``calls`` records each call's kwargs.
+    """
+
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+    fail_after: int | None = None
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.calls.append({k: v for k, v in kwargs.items() if k != "run_manager"})
+        return super()._generate(messages, *args, **kwargs)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        result = self._generate(messages, stop=stop, **kwargs)
+        message = result.generations[0].message
+        assert isinstance(message, AIMessage)
+        tokens = [t for t in re.split(r"(\s)", message.text) if t] or [""]
+        metadata = dict(message.response_metadata)
+        first_metadata = {"model_name": metadata.pop("model_name", "fake-1")}
+        for index, token in enumerate(tokens):
+            if self.fail_after is not None and index == self.fail_after:
+                msg = "connection reset mid-stream"
+                raise ConnectionError(msg)
+            last = index == len(tokens) - 1
+            chunk = AIMessageChunk(
+                content=token,
+                id=message.id,
+                response_metadata={
+                    **(first_metadata if index == 0 else {}),
+                    **(metadata if last else {}),
+                },
+                usage_metadata=message.usage_metadata if last else None,
+                tool_call_chunks=[
+                    {"name": c["name"], "args": repr(c["args"]), "id": c["id"], "index": i}
+                    for i, c in enumerate(message.tool_calls)
+                ]
+                if last
+                else [],
+                chunk_position="last" if last else None,
+            )
+            generation = ChatGenerationChunk(message=chunk)
+            if run_manager:
+                run_manager.on_llm_new_token(token, chunk=generation)
+            yield generation
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)

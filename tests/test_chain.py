@@ -45,8 +45,7 @@ from langchain_tiered_memory.finish_reason import CONTINUE_PROMPTS, MARK_KEY
 from langchain_tiered_memory.long_memory import ChromaLongMemory
 
 from .conftest import _free_port, chroma_settings
-from .fakes import HashEmbeddings, replies
-from .test_finish_reason import ScriptedChatModel, cut, done
+from .fakes import HashEmbeddings, ScriptedChatModel, cut, done, replies
 
 MakeMemory = Callable[..., ChromaLongMemory]
 
