@@ -113,3 +113,14 @@ def safe_filename(value: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9_.-]", "_", value).lstrip(".")[:80] or "_"
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{readable}-{digest}"
+
+
+def validate_batch(
+    session_id: Any, messages: Any, user_id: Any
+) -> tuple[str, Sequence[BaseMessage], str | None]:
+    """Validate what every archive's ``add_messages`` takes: ids and messages."""
+    return (
+        validate_id(session_id),
+        validate_messages(messages),
+        validate_optional_id(user_id),
+    )

@@ -39,8 +39,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
 
 from langchain_tiered_memory._validation import (
+    validate_batch,
     validate_id,
-    validate_messages,
     validate_optional_id,
 )
 from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
@@ -479,7 +479,7 @@ class MySQLBackup:
                 the batch is stored then.
 
         """
-        session_id, messages, user_id = _check_add(session_id, messages, user_id)
+        session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         return self.run(self._add_plan(session_id, messages, user_id, jobs, consolidate_after))
 
     async def aadd_messages(
@@ -492,7 +492,7 @@ class MySQLBackup:
         consolidate_after: int | None = None,
     ) -> list[int]:
         """Async :meth:`add_messages`."""
-        session_id, messages, user_id = _check_add(session_id, messages, user_id)
+        session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         return await self.arun(
             self._add_plan(session_id, messages, user_id, jobs, consolidate_after)
         )
@@ -602,16 +602,6 @@ class MySQLBackup:
 
 
 # -- helpers ------------------------------------------------------------------
-
-
-def _check_add(
-    session_id: Any, messages: Any, user_id: Any
-) -> tuple[str, Sequence[BaseMessage], str | None]:
-    return (
-        validate_id(session_id),
-        validate_messages(messages),
-        validate_optional_id(user_id),
-    )
 
 
 def _turn_ends(messages: Sequence[BaseMessage]) -> list[int]:

@@ -26,12 +26,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 
-from langchain_tiered_memory._validation import (
-    safe_filename,
-    validate_id,
-    validate_messages,
-    validate_optional_id,
-)
+from langchain_tiered_memory._validation import safe_filename, validate_batch, validate_id
 from langchain_tiered_memory.archive import (
     ArchivedMessage,
     SessionInfo,
@@ -119,9 +114,7 @@ class SessionFileArchive:
         Raises:
             ValueError: If background jobs are requested (they need a database).
         """
-        session_id = validate_id(session_id)
-        user_id = validate_optional_id(user_id)
-        messages = validate_messages(messages)
+        session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         if jobs or consolidate_after is not None:
             msg = "SessionFileArchive has no job queue: use MySQLBackup for those tiers"
             raise ValueError(msg)
