@@ -125,7 +125,10 @@ def backlog_enqueue_plan(
     """Queue a ``kind`` job when a session's backlog passes ``threshold`` messages.
 
     The backlog is what lies past the session's consolidation cursor; nothing is
-    queued while such a job is already waiting.
+    queued while such a job is still pending. A running one does not count: its
+    commit may not see a write that races with it, so that write queues the next
+    job (per-session order runs it after; it finds nothing to do if the backlog
+    has shrunk).
     """
     m, c, j = tables.messages, tables.consolidation, tables.jobs
     cursor = yield select(c.c.cursor).where(c.c.session_id == session_id)
@@ -140,7 +143,7 @@ def backlog_enqueue_plan(
         return False
     waiting = (
         yield select(j.c.id)
-        .where(j.c.session_id == session_id, j.c.kind == kind, j.c.state != "done")
+        .where(j.c.session_id == session_id, j.c.kind == kind, j.c.state == "pending")
         .limit(1)
     )
     if waiting.first() is not None:
