@@ -1,13 +1,15 @@
-"""Checks for untrusted identifiers and message inputs.
+"""Checks for untrusted identifiers, message inputs and numeric settings.
 
-Session and user ids reach SQL parameters, file paths and Chroma filters, so they
-are validated once, at the edge, with errors that name the problem.
+Session and user ids reach SQL parameters, file paths and Chroma filters, and
+counts and ids reach ``LIMIT``/``OFFSET`` and comparisons, so they are validated
+once, at the edge, with errors that name the problem.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import reprlib
 import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -17,6 +19,14 @@ from langchain_core.messages import BaseMessage
 MAX_ID_LENGTH = 255
 #: Deepest nesting of dicts and lists accepted in a message's fields.
 MAX_NESTING = 200
+#: Largest count accepted for a limit, a number of turns, a threshold, a batch or
+#: ``k`` (a billion): more means nothing here, and far more overflows SQL's LIMIT.
+MAX_COUNT = 10**9
+#: Largest archive id (MySQL's signed BIGINT, SQLite's INTEGER).
+MAX_ROW_ID = 2**63 - 1
+#: Longest accepted lease, poll interval, timeout or backoff base (ten years):
+#: larger ones overflow ``timedelta`` and the databases' DATETIME columns.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
 
 
 def validate_id(value: Any, name: str = "session_id") -> str:
@@ -124,3 +134,74 @@ def validate_batch(
         validate_messages(messages),
         validate_optional_id(user_id),
     )
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` kept short; huge ints (whose repr may even fail) by their size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
+    return reprlib.repr(value)
+
+
+def check_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    """``value`` if it is an int in ``[minimum, maximum]``.
+
+    Every count and id that reaches SQL goes through here: limits, turns,
+    thresholds and batch sizes are bounded by :data:`MAX_COUNT`, archive ids by
+    :data:`MAX_ROW_ID`.
+
+    Raises:
+        TypeError: If it is not an int (a bool is not one here).
+        ValueError: If it is out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        msg = f"{name} must be an int, got {_shown(value)}"
+        raise TypeError(msg)
+    if not minimum <= value <= maximum:
+        kind = "a positive int" if minimum == 1 else f"an int of at least {minimum}"
+        msg = f"{name} must be {kind} no larger than {maximum:_}, got {_shown(value)}"
+        raise ValueError(msg)
+    return value
+
+
+def check_optional_int(
+    name: str, value: Any, minimum: int = 1, maximum: int = MAX_COUNT
+) -> int | None:
+    """Like :func:`check_int`, but ``None`` is allowed."""
+    return None if value is None else check_int(name, value, minimum, maximum)
+
+
+def validate_page(session_id: Any, before_id: Any, limit: Any) -> tuple[str, int | None, int]:
+    """Validate what every archive's ``history`` takes: a session, a page end and a size.
+
+    Raises:
+        TypeError: If ``before_id`` or ``limit`` is not an int (or ``before_id`` None).
+        ValueError: If ``before_id`` is not in ``[1, 2**63 - 1]`` or ``limit`` not in
+            ``[1, 10**9]``.
+    """
+    return (
+        validate_id(session_id),
+        check_optional_int("before_id", before_id, 1, MAX_ROW_ID),
+        check_int("limit", limit),
+    )
+
+
+def check_number(name: str, value: Any, low: float, high: float, *, low_ok: bool = True) -> float:
+    """``value`` as a float if it is a number in ``[low, high]`` (``(low, high]``).
+
+    Raises:
+        TypeError: If it is not an int or a float (a bool is not one here).
+        ValueError: If it is out of range or NaN.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        msg = f"{name} must be a number, got {_shown(value)}"
+        raise TypeError(msg)
+    if not ((low <= value if low_ok else low < value) and value <= high):
+        msg = f"{name} must be in {'[' if low_ok else '('}{low:g}, {high:g}], got {_shown(value)}"
+        raise ValueError(msg)
+    return float(value)
+
+
+def check_seconds(name: str, value: Any, *, zero_ok: bool = False) -> float:
+    """``value`` if it is a usable number of seconds (positive, or zero if allowed)."""
+    return check_number(name, value, 0.0, MAX_SECONDS, low_ok=zero_ok)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote_plus
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from sqlalchemy import (
@@ -34,17 +35,21 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.sql import Executable
 
 from langchain_tiered_memory._validation import (
+    check_int,
+    check_number,
+    check_optional_int,
     validate_batch,
     validate_id,
     validate_optional_id,
+    validate_page,
 )
 from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
-from langchain_tiered_memory.schema import build_tables
+from langchain_tiered_memory.schema import build_tables, max_table_name_length
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,14 @@ ForgetHook = Callable[[Sequence[str], "str | None", "str | None"], None]
 #: Pieces of a large payload are stored in their own rows, so that no single
 #: statement passes the server's ``max_allowed_packet`` (16 MB on MariaDB).
 CHUNK_CHARS = 512 * 1024
+#: Default of ``MySQLBackup(timeout=...)``: how long, in seconds, an archive call
+#: may wait on a database that stopped answering before it raises.
+DEFAULT_TIMEOUT = 30.0
+#: Longest accepted ``timeout`` (a day; PyMySQL refuses socket timeouts over a year).
+MAX_TIMEOUT = 24 * 3600.0
+#: Query parameters whose values are never shown: ``?password=``, ``?passwd=``,
+#: ``?ssl_key=``, ``?token=``...
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.IGNORECASE)
 
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
 _ROLE_OF_TYPE = {
@@ -139,11 +152,17 @@ async def _run_async(
     engine: AsyncEngine, plan: Plan[T], options: dict[str, Any], read_only: bool
 ) -> T:
     async with engine.connect() as conn:
-        await conn.execution_options(**options)
-        if read_only:
-            return await _adrive(plan, conn)
-        async with conn.begin():
-            return await _adrive(plan, conn)
+        try:
+            await conn.execution_options(**options)
+            if read_only:
+                return await _adrive(plan, conn)
+            async with conn.begin():
+                return await _adrive(plan, conn)
+        except asyncio.CancelledError:
+            # Cut off mid-conversation (the deadline, or the caller): the server's
+            # reply may still arrive, so the connection is discarded, never pooled.
+            await conn.invalidate()
+            raise
 
 
 async def _adrive(plan: Plan[T], conn: Any) -> T:
@@ -178,8 +197,19 @@ class MySQLBackup:
         url: A SQLAlchemy URL or ``Engine``: ``mysql+pymysql://user:pw@host/db`` in
             production, ``sqlite:///path.db`` embedded. ``None`` means a SQLite file
             under ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``).
-        table_name: Name of the messages table (letters, digits and underscores).
-        engine_kwargs: Extra keyword arguments for ``create_engine``.
+        table_name: Base name of the archive's tables: letters, digits and
+            underscores, at most :func:`~langchain_tiered_memory.schema.max_table_name_length`
+            (37) characters, so that every derived table and index name fits MySQL's
+            64-character limit.
+        engine_kwargs: Extra keyword arguments for ``create_engine`` (its
+            ``connect_args`` are merged into the defaults).
+        timeout: Seconds (default 30) an archive call may wait on a database that
+            stops answering before it raises ``ArchiveUnavailableError``. Async calls
+            run under this deadline; sync calls wait at most ``timeout / 2`` for any
+            one thing (a pooled connection, the connect, each socket read or write),
+            and against a silent server at most twice: the ping of a pooled
+            connection, then one reconnect. On SQLite it is the wait for a lock.
+            A given ``Engine`` keeps its own settings for sync calls.
 
     Example:
         .. code-block:: python
@@ -196,10 +226,10 @@ class MySQLBackup:
         *,
         table_name: str = "chat_messages",
         engine_kwargs: dict[str, Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,48}", table_name):
-            msg = f"table_name {table_name!r} must be letters, digits and underscores"
-            raise ValueError(msg)
+        validate_table_name(table_name)
+        self.timeout = check_number("timeout", timeout, 0, MAX_TIMEOUT, low_ok=False)
         if url is None:
             home = default_home()
             home.mkdir(parents=True, exist_ok=True)
@@ -207,11 +237,14 @@ class MySQLBackup:
         if isinstance(url, Engine):
             self.engine = url
         else:
-            self.engine = create_engine(url, **_engine_defaults(make_url(url), engine_kwargs))
+            parsed = _password_in_userinfo(make_url(url))
+            self.engine = create_engine(
+                parsed, **_engine_defaults(parsed, engine_kwargs, timeout=self.timeout)
+            )
         self.url: URL = self.engine.url
         self.dialect = self.engine.dialect.name
         if self.dialect == "sqlite":
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, self.timeout)
         self.metadata = MetaData()
         self.tables = build_tables(self.metadata, table_name)
         self.table, self.parts_table = self.tables.messages, self.tables.parts
@@ -223,7 +256,7 @@ class MySQLBackup:
         self.create_tables()
 
     def __repr__(self) -> str:
-        return f"MySQLBackup({self.url.render_as_string(hide_password=True)!r})"
+        return f"MySQLBackup({render_url(self.url)!r})"
 
     # -- engines --------------------------------------------------------------
 
@@ -250,10 +283,11 @@ class MySQLBackup:
             engine = self._async_engines.get(loop)
             if engine is None:
                 engine = create_async_engine(
-                    _async_url(self.url), **_engine_defaults(self.url, asynchronous=True)
+                    _async_url(self.url),
+                    **_engine_defaults(self.url, asynchronous=True, timeout=self.timeout),
                 )
                 if self.dialect == "sqlite":
-                    _configure_sqlite(engine.sync_engine)
+                    _configure_sqlite(engine.sync_engine, self.timeout)
                 self._async_engines[loop] = engine
             return engine
 
@@ -278,12 +312,25 @@ class MySQLBackup:
         return self._guard(lambda: _run_sync(self.engine, plan, options, read_only))
 
     async def arun(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
-        """Run a plan in one transaction on this loop's async engine."""
+        """Run a plan in one transaction on this loop's async engine.
+
+        On a server, the whole call (pool checkout, ping, connect, every statement)
+        runs under the ``timeout`` deadline: aiomysql has no read timeout of its own.
+        """
         options = self._options(write, read_only)
+        # SQLite waits only for locks, bounded by its busy timeout; and a statement
+        # cut off in aiosqlite's thread would run on after the call had failed.
+        deadline = asyncio.timeout(None if self.dialect == "sqlite" else self.timeout)
         try:
-            return await _run_async(self.async_engine(), plan, options, read_only)
+            async with deadline:
+                return await _run_async(self.async_engine(), plan, options, read_only)
         except SQLAlchemyError as exc:
             raise self._unavailable(exc) from exc
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            msg = f"archive {render_url(self.url)} did not answer within {self.timeout:g} s"
+            raise ArchiveUnavailableError(msg) from exc
 
     def _guard(self, action: Any) -> Any:
         try:
@@ -292,9 +339,8 @@ class MySQLBackup:
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: SQLAlchemyError) -> ArchiveUnavailableError:
-        where = self.url.render_as_string(hide_password=True)
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        return ArchiveUnavailableError(f"archive {where} failed: {reason}")
+        return ArchiveUnavailableError(f"archive {render_url(self.url)} failed: {reason}")
 
     # -- plans ----------------------------------------------------------------
 
@@ -480,6 +526,7 @@ class MySQLBackup:
 
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
+        consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
         return self.run(self._add_plan(session_id, messages, user_id, jobs, consolidate_after))
 
     async def aadd_messages(
@@ -493,6 +540,7 @@ class MySQLBackup:
     ) -> list[int]:
         """Async :meth:`add_messages`."""
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
+        consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
         return await self.arun(
             self._add_plan(session_id, messages, user_id, jobs, consolidate_after)
         )
@@ -500,12 +548,12 @@ class MySQLBackup:
     def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns (a turn starts at a human message)."""
         return self.run(
-            self._tail_plan(validate_id(session_id), _positive(turns, "turns")), read_only=True
+            self._tail_plan(validate_id(session_id), check_int("turns", turns)), read_only=True
         )
 
     async def atail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """Async :meth:`tail`."""
-        return await self.arun(self._tail_plan(validate_id(session_id), _positive(turns, "turns")))
+        return await self.arun(self._tail_plan(validate_id(session_id), check_int("turns", turns)))
 
     def get_messages(self, session_id: str) -> list[BaseMessage]:
         """Every archived message of a session, oldest first."""
@@ -526,18 +574,19 @@ class MySQLBackup:
                 message of the previous page to go back in time).
             limit: At most this many messages: the newest ones before ``before_id``.
 
+        Raises:
+            TypeError: If ``before_id`` or ``limit`` is not an int.
+            ValueError: If ``before_id`` is not in ``[1, 2**63 - 1]`` or ``limit`` not
+                in ``[1, 10**9]``.
+
         """
-        return self.run(
-            self._history_plan(validate_id(session_id), before_id, _positive(limit, "limit"))
-        )
+        return self.run(self._history_plan(*validate_page(session_id, before_id, limit)))
 
     async def ahistory(
         self, session_id: str, before_id: int | None = None, limit: int = 50
     ) -> list[ArchivedMessage]:
         """Async :meth:`history`."""
-        return await self.arun(
-            self._history_plan(validate_id(session_id), before_id, _positive(limit, "limit"))
-        )
+        return await self.arun(self._history_plan(*validate_page(session_id, before_id, limit)))
 
     def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
         """Sessions with their message counts and last activity, most recent first."""
@@ -626,28 +675,105 @@ def scope_conditions(table: Any, session_id: str | None, user_id: str | None) ->
     return conditions
 
 
-def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        msg = f"{name} must be a positive int, got {value!r}"
+def validate_table_name(table_name: Any) -> str:
+    """``table_name`` if every table and index name derived from it is valid on MySQL.
+
+    Raises:
+        TypeError: If it is not a str.
+        ValueError: If it is not letters, digits and underscores (not starting with
+            a digit), or longer than :func:`~langchain_tiered_memory.schema.max_table_name_length`.
+    """
+    if not isinstance(table_name, str):
+        msg = f"table_name must be a str, got {type(table_name).__name__}"
+        raise TypeError(msg)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", table_name):
+        msg = f"table_name {table_name[:80]!r} must be letters, digits and underscores"
         raise ValueError(msg)
-    return value
+    limit = max_table_name_length()
+    if len(table_name) > limit:
+        msg = (
+            f"table_name is {len(table_name)} characters long; the limit is {limit}, so that "
+            "the names derived from it fit MySQL's 64 characters"
+        )
+        raise ValueError(msg)
+    return table_name
+
+
+def render_url(url: str | URL) -> str:
+    """``url`` for display: its password and password-like query parameters as ``***``.
+
+    Used wherever an archive is named: ``repr``, ``ArchiveUnavailableError``, the CLI.
+    """
+    try:
+        parsed = make_url(url)
+        shown = parsed.set(query={}).render_as_string(hide_password=True)
+        pairs = [
+            f"{quote_plus(key)}={'***' if _SECRET_PARAM.search(key) else quote_plus(item)}"
+            for key, value in parsed.query.items()
+            for item in ((value,) if isinstance(value, str) else value)
+        ]
+    except (ValueError, TypeError, ArgumentError):  # its text might hold a password
+        return "<an unparsable URL>"
+    return f"{shown}?{'&'.join(pairs)}" if pairs else shown
+
+
+def _password_in_userinfo(url: URL) -> URL:
+    """Move a MySQL ``?password=``/``?passwd=`` into the URL's password field.
+
+    Both drivers also take the password from the query string, where SQLAlchemy
+    does not hide it (``repr(engine)``, logs); as the password field it is hidden
+    everywhere. ``password`` wins over ``passwd``, as in PyMySQL.
+
+    Raises:
+        ValueError: If the password is not Latin-1 text: both drivers send it so,
+            and their own error would quote the offending character.
+    """
+    if url.get_backend_name() not in ("mysql", "mariadb"):
+        return url
+    moved = url
+    for key in ("passwd", "password"):
+        value = url.query.get(key)
+        if isinstance(value, str) and value:
+            moved = moved.set(password=value).difference_update_query([key])
+    try:
+        (moved.password or "").encode("latin-1")
+    except UnicodeEncodeError:
+        msg = "the MySQL password must be Latin-1 text (PyMySQL and aiomysql send it so)"
+        raise ValueError(msg) from None
+    return moved
 
 
 def _engine_defaults(
-    url: URL, extra: dict[str, Any] | None = None, *, asynchronous: bool = False
+    url: URL,
+    extra: dict[str, Any] | None = None,
+    *,
+    asynchronous: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
+    connect_args: dict[str, Any] = {}
     if url.get_backend_name() in ("mysql", "mariadb"):
         # Reconnect transparently after a server restart or an idle timeout, and
         # never wait forever on a server that stopped answering: PyMySQL has no
-        # socket timeout by default (aiomysql knows only the connect timeout).
+        # socket timeout by default, aiomysql only a connect timeout (arun puts
+        # the whole async call under the deadline).
         kwargs.update(pool_pre_ping=True, pool_recycle=3600)
-        kwargs["connect_args"] = {"connect_timeout": 10}
-        if not asynchronous:
-            kwargs["connect_args"].update(read_timeout=60, write_timeout=60)
+        if asynchronous:
+            kwargs["pool_timeout"] = timeout
+            connect_args["connect_timeout"] = timeout
+        else:
+            # A silent server costs a sync call two waits at most (the pooled
+            # connection's ping, then one reconnect): half the timeout each.
+            wait = timeout / 2
+            kwargs["pool_timeout"] = wait
+            connect_args.update(connect_timeout=wait, read_timeout=wait, write_timeout=wait)
     if url.get_backend_name() == "sqlite":
-        kwargs["connect_args"] = {"timeout": 30}
-    kwargs.update(extra or {})
+        connect_args["timeout"] = timeout
+    extra = dict(extra or {})
+    connect_args.update(extra.pop("connect_args", None) or {})
+    kwargs.update(extra)
+    if connect_args:
+        kwargs["connect_args"] = connect_args
     return kwargs
 
 
@@ -663,13 +789,22 @@ def _async_url(url: URL) -> URL:
     return url.set(drivername=f"{backend}+{driver}")
 
 
-def _configure_sqlite(engine: Engine) -> None:
+_CONFIGURED: weakref.WeakSet[Engine] = weakref.WeakSet()
+_CONFIGURED_LOCK = threading.Lock()
+
+
+def _configure_sqlite(engine: Engine, timeout: float = DEFAULT_TIMEOUT) -> None:
     """WAL for concurrent readers; FULL sync so an acknowledged write survives.
 
     We emit BEGIN ourselves (SQLAlchemy's documented recipe) so that writers can
     take the write lock up front with BEGIN IMMEDIATE and never fail on a stale
-    read snapshot.
+    read snapshot. Once per engine: two archives on one ``Engine`` must not
+    emit BEGIN twice.
     """
+    with _CONFIGURED_LOCK:
+        if engine in _CONFIGURED:
+            return
+        _CONFIGURED.add(engine)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -677,7 +812,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -41,6 +41,7 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.runnables.config import run_in_executor
 
+from langchain_tiered_memory._validation import check_int
 from langchain_tiered_memory.archive import MySQLBackup
 from langchain_tiered_memory.compression import ContextCompressor
 from langchain_tiered_memory.finish_reason import FinishReasonHandler, _as_ai
@@ -173,10 +174,8 @@ class TieredChain(Runnable[Any, AIMessage]):
         if not isinstance(input_key, str) or not input_key:
             msg = f"input_key must be a non-empty str, got {input_key!r}"
             raise ValueError(msg)
-        for name, value in (("k", k), ("knowledge_k", knowledge_k)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                msg = f"{name} must be a positive int, got {value!r}"
-                raise ValueError(msg)
+        check_int("k", k)
+        check_int("knowledge_k", knowledge_k)
         if system_prompt is not None and not isinstance(system_prompt, str):
             msg = f"system_prompt must be a str or None, got {type(system_prompt).__name__}"
             raise TypeError(msg)

@@ -10,7 +10,12 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, BaseMessage
 
-from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory._validation import (
+    check_int,
+    check_optional_int,
+    validate_id,
+    validate_optional_id,
+)
 from langchain_tiered_memory.archive import MySQLBackup, default_home
 from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
 from langchain_tiered_memory.window import select_window
@@ -142,18 +147,8 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         self.backup = resolve_backup(backup, long_memory, consolidator, "history")
         self.long_memory = long_memory
         self.consolidator = consolidator
-        if isinstance(window_turns, bool) or not isinstance(window_turns, int) or window_turns < 1:
-            msg = f"window_turns must be a positive int, got {window_turns!r}"
-            raise ValueError(msg)
-        if window_max_tokens is not None and (
-            isinstance(window_max_tokens, bool)
-            or not isinstance(window_max_tokens, int)
-            or window_max_tokens < 1
-        ):
-            msg = f"window_max_tokens must be a positive int or None, got {window_max_tokens!r}"
-            raise ValueError(msg)
-        self.window_turns = window_turns
-        self.window_max_tokens = window_max_tokens
+        self.window_turns = check_int("window_turns", window_turns)
+        self.window_max_tokens = check_optional_int("window_max_tokens", window_max_tokens)
         self._count_tokens = resolve_token_counter(token_counter)
 
     def __repr__(self) -> str:

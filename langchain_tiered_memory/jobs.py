@@ -21,6 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Table, and_, delete, exists, func, insert, or_, select, update
 
+# Re-exported: the checks live in _validation; consolidation and long_memory import them here.
+from langchain_tiered_memory._validation import (  # noqa: F401
+    MAX_SECONDS,
+    check_int,
+    check_number,
+    check_seconds,
+)
+
 if TYPE_CHECKING:
     from langchain_tiered_memory.archive import MySQLBackup, Plan
     from langchain_tiered_memory.schema import Tables
@@ -28,51 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
-#: Longest accepted lease, poll interval, timeout or backoff base (ten years):
-#: larger ones overflow ``timedelta`` and the databases' DATETIME columns.
-MAX_SECONDS = 10 * 365 * 24 * 3600.0
 #: A failed job never waits longer than a day between attempts.
 MAX_BACKOFF = 24 * 3600.0
 T = TypeVar("T")
-
-
-def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` if it is an int of at least ``minimum``.
-
-    Raises:
-        TypeError: If it is not an int (a bool is not one here).
-        ValueError: If it is smaller than ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"{name} must be an int, got {value!r}"
-        raise TypeError(msg)
-    if value < minimum:
-        msg = f"{name} must be at least {minimum}, got {value!r}"
-        raise ValueError(msg)
-    return value
-
-
-def check_number(
-    name: str, value: Any, low: float, high: float, *, low_ok: bool = True
-) -> float:
-    """``value`` as a float if it is a number in ``[low, high]`` (``(low, high]``).
-
-    Raises:
-        TypeError: If it is not an int or a float (a bool is not one here).
-        ValueError: If it is out of range or NaN.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        msg = f"{name} must be a number, got {value!r}"
-        raise TypeError(msg)
-    if not ((low <= value if low_ok else low < value) and value <= high):
-        msg = f"{name} must be in {'[' if low_ok else '('}{low:g}, {high:g}], got {value!r}"
-        raise ValueError(msg)
-    return float(value)
-
-
-def check_seconds(name: str, value: Any, *, zero_ok: bool = False) -> float:
-    """``value`` if it is a usable number of seconds (positive, or zero if allowed)."""
-    return check_number(name, value, 0.0, MAX_SECONDS, low_ok=zero_ok)
 
 
 def backoff(base: float, attempts: int) -> float:

@@ -24,6 +24,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory._extras import import_extra
+from langchain_tiered_memory._validation import check_int
 from langchain_tiered_memory.long_memory import PAGE, ChromaLongMemory, _hash
 
 if TYPE_CHECKING:
@@ -337,9 +338,7 @@ class KnowledgeBase:
 
     @staticmethod
     def _check_k(k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            msg = f"k must be a positive int, got {k!r}"
-            raise ValueError(msg)
+        check_int("k", k)
 
     def search(self, query: str, k: int = 4, where: dict[str, Any] | None = None) -> list[Document]:
         """The ``k`` chunks most similar to ``query``.

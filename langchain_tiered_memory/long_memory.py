@@ -671,9 +671,7 @@ class ChromaLongMemory(QueueWorker):
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
             raise TypeError(msg)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            msg = f"k must be a positive int, got {k!r}"
-            raise ValueError(msg)
+        check_int("k", k)
         where, condition, key = self._scope(scope, session_id, user_id)
         index = self._scope_index(condition, key)
         if not index.rows:

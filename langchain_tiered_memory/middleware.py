@@ -30,7 +30,7 @@ from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
 
-from langchain_tiered_memory._validation import validate_id, validate_optional_id
+from langchain_tiered_memory._validation import check_int, validate_id, validate_optional_id
 from langchain_tiered_memory.archive import MySQLBackup
 from langchain_tiered_memory.compression import ContextCompressor
 from langchain_tiered_memory.history import (
@@ -192,9 +192,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         if scope not in ("session", "user"):
             msg = f"scope must be 'session' or 'user', got {scope!r}"
             raise ValueError(msg)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            msg = f"k must be a positive int, got {k!r}"
-            raise ValueError(msg)
+        check_int("k", k)
         backup = resolve_backup(backup, long_memory, consolidator, "middleware")
         off_or_default = compressor is None or compressor is False
         if not off_or_default and not isinstance(compressor, ContextCompressor):

@@ -11,6 +11,7 @@ consolidated batches (HISTORY.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -27,6 +28,9 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects import mysql
+
+#: MySQL's (and MariaDB's) limit on the length of a table, index or constraint name.
+MAX_IDENTIFIER = 64
 
 _MYSQL = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mysql_engine": "InnoDB"}
 # Ids are never reused on SQLite either: cursors and caches rely on them growing.
@@ -173,3 +177,25 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         consolidation=consolidation,
         history_log=history_log,
     )
+
+
+def derived_identifiers(tables: Tables) -> list[str]:
+    """Every table, index and named constraint name of the archive."""
+    names = []
+    for table in vars(tables).values():
+        names.append(table.name)
+        names.extend(index.name for index in table.indexes if isinstance(index.name, str))
+        names.extend(c.name for c in table.constraints if isinstance(c.name, str))
+    return names
+
+
+@cache
+def max_table_name_length() -> int:
+    """The longest base name whose derived names all fit :data:`MAX_IDENTIFIER`.
+
+    Computed from the schema itself (the longest is an index name such as
+    ``ix_<name>_memories_session_id_seq``), so it follows any new index.
+    """
+    probe = "x"
+    longest = max(map(len, derived_identifiers(build_tables(MetaData(), probe))))
+    return MAX_IDENTIFIER - (longest - len(probe))

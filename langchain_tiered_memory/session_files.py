@@ -26,7 +26,13 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 
-from langchain_tiered_memory._validation import safe_filename, validate_batch, validate_id
+from langchain_tiered_memory._validation import (
+    check_int,
+    safe_filename,
+    validate_batch,
+    validate_id,
+    validate_page,
+)
 from langchain_tiered_memory.archive import (
     ArchivedMessage,
     SessionInfo,
@@ -171,9 +177,7 @@ class SessionFileArchive:
 
     def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns."""
-        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
-            msg = f"turns must be a positive int, got {turns!r}"
-            raise ValueError(msg)
+        turns = check_int("turns", turns)
         stored = self._read(session_id)
         humans = [i for i, item in enumerate(stored) if item["role"] == "human"]
         start = humans[-turns] if len(humans) >= turns else 0
@@ -186,7 +190,13 @@ class SessionFileArchive:
     def history(
         self, session_id: str, before_id: int | None = None, limit: int = 50
     ) -> list[ArchivedMessage]:
-        """One page of the session, oldest first (ids are 1-based positions)."""
+        """One page of the session, oldest first (ids are 1-based positions).
+
+        Raises:
+            TypeError, ValueError: As :meth:`MySQLBackup.history
+                <langchain_tiered_memory.archive.MySQLBackup.history>`.
+        """
+        session_id, before_id, limit = validate_page(session_id, before_id, limit)
         meta = self._meta(session_id) or {}
         stored = self._read(session_id)
         end = len(stored) if before_id is None else max(0, min(before_id - 1, len(stored)))

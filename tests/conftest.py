@@ -203,3 +203,27 @@ def make_memory(
         dropped.add(key)
         with contextlib.suppress(Exception):  # already gone, or the server is down
             memory.client.delete_collection(memory.collection.name)
+
+
+# -- a MariaDB user with a password ---------------------------------------------------
+
+
+@pytest.fixture
+def mysql_user() -> Iterator[tuple[str, str]]:
+    """A MariaDB user of the test's own with a password: ``(user, password)``."""
+    require_mysql()
+    user, password = f"tm_{uuid.uuid4().hex[:10]}", f"Pw-{uuid.uuid4().hex}"
+    root = sa.create_engine(MYSQL_URL)
+    database = sa.make_url(MYSQL_URL).database
+    hosts = ("%%", "localhost")  # %% is PyMySQL's escape for the wildcard host %
+    with root.begin() as conn:
+        for host in hosts:
+            conn.exec_driver_sql(f"CREATE USER '{user}'@'{host}' IDENTIFIED BY '{password}'")
+            conn.exec_driver_sql(f"GRANT ALL ON `{database}`.* TO '{user}'@'{host}'")
+    try:
+        yield user, password
+    finally:
+        with root.begin() as conn:
+            for host in hosts:
+                conn.exec_driver_sql(f"DROP USER IF EXISTS '{user}'@'{host}'")
+        root.dispose()

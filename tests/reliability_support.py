@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -186,6 +187,79 @@ def private_mariadb(base: Path) -> Iterator[PrivateMariaDB]:
         with contextlib.suppress(Exception):
             server.thaw()
         server.stop()
+
+
+# -- a proxy that stops answering -------------------------------------------------------
+
+
+class StallingProxy:
+    """A TCP forwarder on 127.0.0.1 that can stop forwarding and keep its sockets open.
+
+    To the client, a stalled proxy is a server that stopped answering (a dead link
+    or a hung host): connections are accepted and writes succeed, but no byte comes
+    back. :meth:`resume` forwards what was held back and everything after.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    def stall(self) -> None:
+        """Stop forwarding in both directions; every socket stays open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again, the held-back data first."""
+        self._flowing.set()
+
+    def close(self) -> None:
+        """Close the listener and every forwarded connection."""
+        self._closed = True
+        self._flowing.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                self._flowing.wait()  # stalled: hold the data, keep the socket open
+                if not data or self._closed:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
 
 
 # -- a private Chroma server -----------------------------------------------------------

@@ -6,6 +6,8 @@ import contextlib
 import shutil
 import socket
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from langchain_core.messages import (
 )
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup
+from langchain_tiered_memory.archive import render_url, validate_table_name
 
 from .conftest import MYSQL_URL, require_mysql
 
@@ -186,6 +189,178 @@ def test_accepts_an_engine(backend_url: str, table_name: str) -> None:
 def test_rejects_bad_table_names(bad: str) -> None:
     with pytest.raises(ValueError, match="table_name"):
         MySQLBackup("sqlite://", table_name=bad)
+
+
+@contextlib.contextmanager
+def _own_database(backend_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
+    """An empty database of the test's own: any table name is free in it."""
+    if backend_url.startswith("sqlite"):
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'own.sqlite3'}")
+        yield engine
+        engine.dispose()
+        return
+    name = f"tm_own_{uuid.uuid4().hex[:12]}"
+    server = sa.create_engine(backend_url)
+    with server.begin() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    engine = sa.create_engine(sa.make_url(backend_url).set(database=name))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with server.begin() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name}")
+        server.dispose()
+
+
+def test_table_names_of_every_length_work_or_are_refused_up_front(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """MySQL's identifiers end at 64 characters; the derived index names are longer.
+
+    Every length is either refused before anything is created, or works end to end.
+    Derived names grow with the base name, so the longest accepted length (37) is
+    the one that could fail; a spread of shorter ones is created as well (each
+    costs seven CREATE TABLEs on MariaDB).
+    """
+    end_to_end = {1, 2, 3, 9, 17, 33, 36, 37}
+    with _own_database(backend_url, tmp_path) as engine:
+        accepted = []
+        for length in range(1, 65):
+            name = ("T" + uuid.uuid4().hex * 2)[:length]
+            if length <= 37 and length not in end_to_end:
+                validate_table_name(name)
+                accepted.append(length)
+                continue
+            try:
+                archive = MySQLBackup(engine, table_name=name)
+            except ValueError as exc:
+                assert "the limit is 37" in str(exc)
+                assert sa.inspect(engine).get_table_names() == [], "refused, yet created"
+                continue
+            accepted.append(length)
+            archive.add_messages("s", [HumanMessage(name), AIMessage("ok")], jobs=["extract"])
+            assert [m.content for m in archive.get_messages("s")] == [name, "ok"]
+            created = set(sa.inspect(engine).get_table_names())
+            assert created == {t.name for t in archive.metadata.sorted_tables}
+            archive.metadata.drop_all(engine)
+        assert accepted == list(range(1, 38))
+
+
+def test_history_and_tail_refuse_bad_numbers(backup: MySQLBackup) -> None:
+    """Out-of-range ints were OverflowErrors or SQL errors; a str before_id read rows."""
+    backup.add_messages("n", [HumanMessage(f"q{i}") for i in range(11)])
+    last = backup.history("n", limit=1)[0].id
+    for kwargs, error, match in [
+        ({"before_id": "abc"}, TypeError, "before_id must be an int"),
+        ({"before_id": "12"}, TypeError, "before_id must be an int"),
+        ({"before_id": 5.0}, TypeError, "before_id must be an int"),
+        ({"before_id": True}, TypeError, "before_id must be an int"),
+        ({"before_id": 0}, ValueError, "before_id must be a positive int"),
+        ({"before_id": 10**30}, ValueError, "no larger than 9_223_372_036_854_775_807"),
+        ({"before_id": 2**63}, ValueError, "before_id"),
+        ({"limit": 10**20}, ValueError, "limit must be a positive int no larger than 1_000"),
+        ({"limit": -5}, ValueError, "limit"),
+        ({"limit": 2**4000}, ValueError, "an int of 4001 bits"),
+        ({"limit": None}, TypeError, "limit must be an int"),
+    ]:
+        with pytest.raises(error, match=match):
+            backup.history("n", **kwargs)
+    for turns in (10**20, 0, -1):
+        with pytest.raises(ValueError, match="turns"):
+            backup.tail("n", turns)
+    with pytest.raises(ValueError, match="consolidate_after"):
+        backup.add_messages("n", [HumanMessage("lost")], consolidate_after=10**20)
+    # The edges themselves work.
+    assert len(backup.history("n", before_id=2**63 - 1, limit=10**9)) == 11
+    assert len(backup.history("n", before_id=last)) == 10
+    assert len(backup.tail("n", 10**9)) == 11
+    assert len(backup.get_messages("n")) == 11  # nothing stored by the refused write
+
+
+async def test_async_history_and_tail_refuse_bad_numbers(backup: MySQLBackup) -> None:
+    await backup.aadd_messages("n", [HumanMessage("q"), AIMessage("a")])
+    with pytest.raises(TypeError, match="before_id"):
+        await backup.ahistory("n", before_id="abc")
+    with pytest.raises(ValueError, match="limit"):
+        await backup.ahistory("n", limit=10**20)
+    with pytest.raises(ValueError, match="turns"):
+        await backup.atail("n", 10**20)
+    assert [m.content for m in await backup.atail("n", 10**9)] == ["q", "a"]
+    await backup.adispose()
+
+
+# -- URLs with passwords ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("mysql+pymysql://u:S3cretPw@h/db", "mysql+pymysql://u:***@h/db"),
+        ("mysql+pymysql://u@h/db?password=S3cretPw", "mysql+pymysql://u@h/db?password=***"),
+        (
+            "mysql+pymysql://u@h:3307/db?charset=utf8mb4&passwd=S3cretPw",
+            "mysql+pymysql://u@h:3307/db?charset=utf8mb4&passwd=***",
+        ),
+        (
+            "mysql+pymysql://u:S3cretPw@h/db?ssl_key=S3cretPw&PASSWORD=S3cretPw&x=1&x=2",
+            "mysql+pymysql://u:***@h/db?ssl_key=***&PASSWORD=***&x=1&x=2",
+        ),
+        (sa.make_url("mysql://u:p%40ss@h/db?token=S3cretPw"), "mysql://u:***@h/db?token=***"),
+        ("sqlite:///a.db", "sqlite:///a.db"),
+        ("not a url S3cretPw", "<an unparsable URL>"),
+    ],
+)
+def test_render_url_hides_every_password(url: str | sa.URL, shown: str) -> None:
+    assert render_url(url) == shown
+
+
+def test_a_password_in_the_query_never_shows_in_errors() -> None:
+    for query in ("password", "passwd"):
+        url = f"mysql+pymysql://root@127.0.0.1:1/test?{query}=S3cretPw&connect_timeout=2"
+        with pytest.raises(ArchiveUnavailableError) as caught:
+            MySQLBackup(url)
+        assert "S3cretPw" not in str(caught.value)
+        assert "127.0.0.1:1" in str(caught.value)
+    # A parameter the driver does not know is the driver's TypeError, naming only the key.
+    with pytest.raises(TypeError, match="api_token") as refused:
+        MySQLBackup("mysql+pymysql://root@127.0.0.1:1/test?api_token=S3cretPw")
+    assert "S3cretPw" not in str(refused.value)
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize("where", ["userinfo", "password", "passwd"])
+async def test_a_password_anywhere_in_the_url_works_and_never_shows(
+    mysql_user: tuple[str, str], table_name: str, where: str
+) -> None:
+    user, password = mysql_user
+    base = sa.make_url(MYSQL_URL).set(username=user)
+    url = (
+        base.set(password=password)
+        if where == "userinfo"
+        else base.update_query_dict({where: password})
+    ).render_as_string(hide_password=False)
+    backup = MySQLBackup(url, table_name=table_name)
+    try:
+        backup.add_messages("s", [HumanMessage("sync")])
+        await backup.aadd_messages("s", [HumanMessage("async")])  # aiomysql too
+        assert [m.content for m in backup.get_messages("s")] == ["sync", "async"]
+        for shown in (repr(backup), repr(backup.engine), str(backup.url), repr(backup.url)):
+            assert password not in shown
+        assert user in repr(backup)
+        await backup.adispose()
+    finally:
+        _drop_all(backup)
+    wrong = url.replace(password, "Wrong-" + password[::-1])
+    with pytest.raises(ArchiveUnavailableError, match="Access denied") as caught:
+        MySQLBackup(wrong, table_name=table_name)
+    assert password[::-1] not in str(caught.value)
+    assert password not in str(caught.value)
+
+
+def _drop_all(backup: MySQLBackup) -> None:
+    backup.metadata.drop_all(backup.engine)
+    backup.dispose()
 
 
 # -- an unreachable database ---------------------------------------------------

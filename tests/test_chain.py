@@ -181,7 +181,7 @@ def test_bad_settings_are_typed_errors(
         ({"language": "fr"}, ValueError),
         ({"memory_scope": "global"}, ValueError),
         ({"k": 0}, ValueError),
-        ({"knowledge_k": True}, ValueError),
+        ({"knowledge_k": True}, TypeError),
         ({"retrieval_errors": "ignore"}, ValueError),
         ({"window_turns": 0}, ValueError),
         ({"knowledge": ["not", "a", "retriever"]}, TypeError),

@@ -24,6 +24,7 @@ from langchain_core.messages import (
     message_to_dict,
     messages_from_dict,
 )
+from sqlalchemy import make_url
 from typer.testing import CliRunner
 
 from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory, cli
@@ -392,6 +393,32 @@ def test_commands_on_a_mysql_archive(
         ok("forget", "m-1", "--yes", *where)
         assert backup.get_messages("m-1") == []
         assert catalog(backup) == []
+    finally:
+        _drop(backup)
+
+
+@pytest.mark.mysql
+def test_a_password_in_the_url_query_never_shows(
+    home: Path, table_name: str, mysql_user: tuple[str, str]
+) -> None:
+    """``?password=`` was printed verbatim in the title of ``stats`` and in errors."""
+    user, password = mysql_user
+    base = make_url(MYSQL_URL).set(username=user)
+    backup = MySQLBackup(base.set(password=password), table_name=table_name)
+    try:
+        backup.add_messages("pw-1", [HumanMessage("hello"), AIMessage("hi")])
+        for key in ("password", "passwd"):
+            url = f"{base.render_as_string()}?{key}={password}"
+            where = ["--url", url, "--table", table_name]
+            assert "hello" in ok("show", "pw-1", *where)  # the password works
+            for command in (["stats"], ["sessions"], ["show", "nobody"]):  # name the archive
+                result = invoke(*command, *where)
+                assert password not in result.output, command
+                assert f"{user}:***@" in result.output, command
+            wrong = fails("stats", "--url", f"{base.render_as_string()}?{key}=Wrong{password}")
+            assert "Access denied" in wrong
+            assert password not in wrong
+            assert "Wrong" not in wrong
     finally:
         _drop(backup)
 

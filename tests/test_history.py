@@ -353,15 +353,18 @@ def test_non_messages_are_type_errors(backup: MySQLBackup, bad: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"window_turns": 0}, "window_turns"),
-        ({"window_turns": "3"}, "window_turns"),
-        ({"window_max_tokens": -1}, "window_max_tokens"),
+        ({"window_turns": 0}, ValueError, "window_turns must be a positive int"),
+        ({"window_turns": "3"}, TypeError, "window_turns must be an int"),
+        ({"window_turns": True}, TypeError, "window_turns must be an int"),
+        ({"window_turns": 10**20}, ValueError, "no larger than 1_000_000_000"),
+        ({"window_max_tokens": -1}, ValueError, "window_max_tokens"),
+        ({"window_max_tokens": 2**64}, ValueError, "an int of 65 bits"),
     ],
 )
-def test_bad_settings_are_value_errors(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_bad_settings_are_typed_errors(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
         TieredChatMessageHistory("s", **kwargs)
 
 

@@ -428,7 +428,7 @@ SCOPE_ERRORS = [
     ({"scope": "user", "session_id": "a1"}, "user_id"),
     ({"scope": "everyone", "session_id": "a1", "user_id": "alice"}, "scope"),
     ({"session_id": "a1", "k": 0}, "k must be"),
-    ({"session_id": "a1", "k": True}, "k must be"),
+    ({"session_id": "a1", "k": 10**20}, "k must be"),
     ({"session_id": "bad\x00id"}, "control character"),
 ]
 
@@ -437,6 +437,8 @@ def test_the_scope_filter_is_mandatory(filled: ChromaLongMemory) -> None:
     for kwargs, match in SCOPE_ERRORS:
         with pytest.raises(ValueError, match=match):
             filled.search("AR table", **kwargs)
+    with pytest.raises(TypeError, match="k must be an int"):
+        filled.search("AR table", session_id="a1", k=True)
     for kwargs, match in SCOPE_ERRORS[:4]:  # the retriever carries the same filter
         with pytest.raises(ValueError, match=match):
             LongMemoryRetriever(long_memory=filled, **kwargs).invoke("AR table")

@@ -17,6 +17,7 @@ directory and port) that the tests stop, kill and freeze; Chroma faults on a pri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -27,12 +28,14 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from sqlalchemy import update
+from sqlalchemy import insert, make_url, select, update
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.archive import utcnow
 from langchain_tiered_memory.consolidation import MemoryConsolidator
 from langchain_tiered_memory.long_memory import ChromaLongMemory
 
+from .conftest import MYSQL_URL, require_mysql
 from .fakes import HashEmbeddings
 from .long_memory_support import FakeExtractor
 from .reliability_support import (
@@ -40,6 +43,7 @@ from .reliability_support import (
     ChromaServer,
     MemoryWriter,
     PrivateMariaDB,
+    StallingProxy,
     archive_rows,
     by_session,
     percentile,
@@ -274,6 +278,135 @@ def test_a_frozen_mysql_server_raises_instead_of_hanging(mariadb: PrivateMariaDB
         mariadb.thaw()
         backup.metadata.drop_all(backup.engine)
         backup.dispose()
+
+
+TIMEOUT = 2.0  # MySQLBackup(timeout=...) in the silent-server test
+
+
+@pytest.fixture
+def silent_link(table_name: str) -> Iterator[tuple[StallingProxy, MySQLBackup]]:
+    """An archive on the shared MariaDB, reached through a proxy that can go silent."""
+    require_mysql()
+    direct = MySQLBackup(MYSQL_URL, table_name=table_name)  # DDL without the short timeout
+    upstream = make_url(MYSQL_URL)
+    proxy = StallingProxy((upstream.host or "127.0.0.1", upstream.port or 3306))
+    backup = MySQLBackup(
+        upstream.set(host="127.0.0.1", port=proxy.port), table_name=table_name, timeout=TIMEOUT
+    )
+    try:
+        yield proxy, backup
+    finally:
+        proxy.resume()
+        backup.dispose()
+        proxy.close()
+        direct.metadata.drop_all(direct.engine)
+        direct.dispose()
+
+
+def _silent(proxy: StallingProxy, call: Callable[[], Any]) -> float:
+    """Stall the proxy, run ``call``, and return how long it took to raise."""
+    proxy.stall()
+    began = time.monotonic()
+    try:
+        with pytest.raises(ArchiveUnavailableError):
+            call()
+        return time.monotonic() - began
+    finally:
+        proxy.resume()
+
+
+def _stall_after_first(proxy: StallingProxy, statements: list[Any]) -> Any:
+    """A plan that goes silent mid-transaction: after its first statement's reply."""
+    for index, statement in enumerate(statements):
+        yield statement
+        if index == 0:
+            proxy.stall()
+
+
+@pytest.mark.mysql
+def test_sync_calls_against_a_silent_server_raise_within_the_timeout(
+    silent_link: tuple[StallingProxy, MySQLBackup],
+) -> None:
+    """Connections accepted, nothing answered: each call raises within ``timeout``.
+
+    Covers a pooled connection (its ping goes unanswered, then the reconnect), an
+    empty pool (the handshake goes unanswered), a write, and a transaction cut off
+    after its first statement; the archive works again once the link does, and
+    holds exactly the acknowledged writes.
+    """
+    proxy, backup = silent_link
+    backup.add_messages("s", _turn("sync", 0))
+    t = backup.table
+    cut_off = [
+        insert(t).values(session_id="s", role="human", message="{}", parts=0, created_at=utcnow()),
+        select(t.c.id),
+    ]
+    calls: list[Callable[[], Any]] = [
+        lambda: backup.get_messages("s"),
+        lambda: backup.add_messages("s", _turn("sync", 1)),
+        lambda: backup.run(_stall_after_first(proxy, cut_off)),
+        lambda: TieredChatMessageHistory("s", backup=backup).messages,
+    ]
+    for index, call in enumerate(calls):
+        if index == 3:
+            backup.dispose()  # an empty pool: a fresh connection's handshake goes unanswered
+        if index == 2:
+            began = time.monotonic()
+            with pytest.raises(ArchiveUnavailableError):
+                call()
+            took = time.monotonic() - began
+            proxy.resume()
+        else:
+            took = _silent(proxy, call)
+        assert took < 2 * TIMEOUT, f"call {index} took {took:.1f} s"
+        # Back at once, on the same object, with exactly the acknowledged turn.
+        assert backup.get_messages("s") == _turn("sync", 0)
+    assert backup.engine.pool.checkedout() == 0
+
+
+@pytest.mark.mysql
+def test_async_calls_against_a_silent_server_raise_within_the_timeout(
+    silent_link: tuple[StallingProxy, MySQLBackup],
+) -> None:
+    """The same on aiomysql, which has no read timeout: the call's deadline bounds it.
+
+    A connection cut off mid-conversation is discarded: its late replies (the
+    proxy forwards them on resume) must never reach a later call.
+    """
+    proxy, backup = silent_link
+    t = backup.table
+    cut_off = [
+        insert(t).values(session_id="s", role="human", message="{}", parts=0, created_at=utcnow()),
+        select(t.c.id),
+    ]
+
+    async def scenario() -> None:
+        await backup.aadd_messages("s", _turn("async", 0))
+        engine = backup.async_engine()
+        for index, name in enumerate(("read", "write", "cut off", "history", "fresh")):
+            if name == "fresh":
+                await backup.adispose()  # the handshake of a new connection goes unanswered
+                engine = backup.async_engine()
+            proxy.stall()
+            began = time.monotonic()
+            with pytest.raises(ArchiveUnavailableError, match=f"within {TIMEOUT:g} s"):
+                if name == "read":
+                    await backup.aget_messages("s")
+                elif name == "write":
+                    await backup.aadd_messages("s", _turn("async", 1))
+                elif name == "cut off":
+                    await backup.arun(_stall_after_first(proxy, cut_off))
+                else:
+                    await TieredChatMessageHistory("s", backup=backup).aget_messages()
+            took = time.monotonic() - began
+            proxy.resume()
+            assert took < 2 * TIMEOUT, f"{name} took {took:.1f} s"
+            assert engine.pool.checkedout() == 0, name
+            for _ in range(3):  # a pooled connection with a late reply would answer wrongly
+                assert await backup.aget_messages("s") == _turn("async", 0), (index, name)
+        await backup.adispose()
+
+    asyncio.run(scenario())
 
 
 # -- the Chroma server killed and restarted ------------------------------------------------

@@ -13,6 +13,7 @@ scope and folder, and ``forget`` returns every tier to what it was before.
 from __future__ import annotations
 
 import contextlib
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_tiered_memory import (
+    ArchiveUnavailableError,
     MySQLBackup,
     SessionFileArchive,
     TieredChatMessageHistory,
 )
+from langchain_tiered_memory.archive import render_url
 from langchain_tiered_memory.consolidation import MemoryConsolidator
 from langchain_tiered_memory.long_memory import MEMORY_CHARS, ChromaLongMemory
 
@@ -417,12 +420,33 @@ def test_deeply_nested_additional_kwargs_are_refused_or_readable_everywhere(
 
 # -- configuration values ------------------------------------------------------------------------
 
+#: Ints at the edges of SQL's and Python's integer types (LIMIT, BIGINT, C longs).
+EDGE_INTS = st.sampled_from(
+    [
+        2**31 - 1,
+        2**31,
+        2**32,
+        2**53 + 1,
+        10**9,
+        10**9 + 1,
+        2**63 - 1,
+        2**63,
+        2**64,
+        sys.maxsize,
+        10**20,
+        10**30,
+        -(2**63),
+        -(2**64),
+        2**4000,
+    ]
+)
 VALUES = st.one_of(
     st.integers(-3, 3),
     st.integers(1, 50),
     st.floats(0, 1),
     st.sampled_from(["en", "zh", "memories_2", "session", "user"]),
     st.integers(10**6, 10**12),
+    EDGE_INTS,
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
     st.none(),
@@ -594,3 +618,105 @@ def test_table_names_are_refused_or_used_verbatim(backend_url: str, name: Any) -
             archive.metadata.drop_all(engine, checkfirst=True)
     finally:
         engine.dispose()
+
+
+# -- integers that reach SQL ---------------------------------------------------------------
+
+INTS = st.one_of(st.integers(), EDGE_INTS, st.integers(-3, 12), st.booleans())
+INT_ARGUMENTS = [
+    "history limit",
+    "history before_id",
+    "files limit",
+    "files before_id",
+    "tail turns",
+    "files tail turns",
+    "window_turns",
+    "search k",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(where=st.sampled_from(INT_ARGUMENTS), value=INTS)
+@example(where="history before_id", value=10**30)
+@example(where="history limit", value=10**20)
+@example(where="tail turns", value=10**20)
+@example(where="window_turns", value=10**20)
+@example(where="search k", value=10**20)
+def test_any_integer_is_refused_or_answers_exactly(world: World, where: str, value: Any) -> None:
+    """Limits, ids and counts: a typed error, or the page a user would expect."""
+    archive: Any = world.files if where.startswith("files") else world.backup
+    all_ids = [row.id for row in archive.history("alice", limit=1000)]
+    turns = len(all_ids) // 2  # the bystander's whole turns
+    calls: dict[str, Callable[[], Any]] = {
+        "history limit": lambda: archive.history("alice", limit=value),
+        "history before_id": lambda: archive.history("alice", before_id=value),
+        "tail turns": lambda: archive.tail("alice", value),
+        "window_turns": lambda: (
+            TieredChatMessageHistory("alice", backup=world.backup, window_turns=value).messages
+        ),
+        "search k": lambda: world.memory.search(
+            "question", session_id="alice", user_id="u-alice", k=value
+        ),
+    }
+    calls["files limit"] = calls["history limit"]
+    calls["files before_id"] = calls["history before_id"]
+    calls["files tail turns"] = calls["tail turns"]
+    answer = _settles(calls[where])
+    if answer is None:
+        assert isinstance(value, bool) or not 1 <= value <= 10**9 or "before_id" in where
+        return
+    assert not isinstance(value, bool)
+    if where.endswith("limit"):
+        assert [row.id for row in answer] == all_ids[len(all_ids) - min(value, len(all_ids)) :]
+    elif where.endswith("before_id"):
+        assert [row.id for row in answer] == [i for i in all_ids if i < value]
+    elif where.endswith("turns"):
+        assert len(answer) == 2 * min(value, turns)
+    else:
+        assert 0 < len(answer) <= value
+        assert {doc.metadata["session_id"] for doc in answer} == {"alice"}
+
+
+# -- URLs with passwords ---------------------------------------------------------------------
+
+PASSWORDS = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30),
+    st.sampled_from(["p@ss:/?#&=%", "mysql", "127.0.0.1", "***", "test", "root"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    password=PASSWORDS,
+    where=st.sampled_from(["userinfo", "password", "passwd", "PASSWORD", "api_token"]),
+)
+def test_no_password_anywhere_in_a_url_shows(password: str, where: str) -> None:
+    """What is shown of a URL, and an error about it, never depends on its password.
+
+    (Only on whether the drivers can send it at all.)
+    """
+
+    def shown(secret: str) -> tuple[str, str]:
+        base = sa.URL.create(
+            "mysql+pymysql",
+            username="app",
+            host="127.0.0.1",
+            port=1,  # refused at once
+            database="test",
+            query={"charset": "utf8mb4"},
+        )
+        url = (
+            base.set(password=secret)
+            if where == "userinfo"
+            else base.update_query_dict({where: secret})
+        ).render_as_string(hide_password=False)
+        with pytest.raises((*TYPED, ArchiveUnavailableError)) as caught:
+            MySQLBackup(url)
+        return render_url(url), f"{type(caught.value).__name__}: {caught.value}"
+
+    try:  # the drivers take Latin-1 passwords only: compare with one of the same kind
+        password.encode("latin-1")
+        reference = "another-Secret-9"
+    except UnicodeEncodeError:
+        reference = "another-Secret-\u0100"
+    assert shown(password) == shown(reference)

@@ -406,6 +406,42 @@ def test_history_sessions_clear_and_forget(tmp_path: Path) -> None:
         files.forget()
 
 
+BAD_PAGES: list[dict[str, Any]] = [
+    {"limit": -5},
+    {"limit": 0},
+    {"limit": 10**20},
+    {"limit": "5"},
+    {"limit": True},
+    {"before_id": "abc"},
+    {"before_id": 0},
+    {"before_id": -1},
+    {"before_id": 10**30},
+    {"before_id": 3.0},
+    {"before_id": False},
+    {"session_id": ""},
+]
+
+
+def test_history_refuses_what_mysqlbackup_refuses(tmp_path: Path, backup: MySQLBackup) -> None:
+    """``limit=-5`` was an empty page and ``before_id="abc"`` a TypeError deep inside."""
+    files = SessionFileArchive(tmp_path)
+    for archive in (files, backup):
+        archive.add_messages("p", turn(0) + turn(1))
+    for bad in BAD_PAGES:
+        kwargs = {"session_id": "p", **bad}
+        errors = []
+        for archive in (files, backup):
+            with pytest.raises((TypeError, ValueError)) as caught:
+                archive.history(**kwargs)
+            errors.append((type(caught.value), str(caught.value)))
+        assert errors[0] == errors[1], bad
+    for archive in (files, backup):
+        with pytest.raises(ValueError, match="turns"):
+            archive.tail("p", 10**20)
+        assert len(archive.history("p", before_id=2**63 - 1, limit=10**9)) == 4
+        assert len(archive.tail("p", 10**9)) == 4
+
+
 def test_requesting_background_jobs_is_a_value_error(tmp_path: Path) -> None:
     files = SessionFileArchive(tmp_path)
     files.add_messages("s", turn(0))
