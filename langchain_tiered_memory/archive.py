@@ -748,6 +748,20 @@ class MySQLBackup:
         """The stores that tiers recorded on this archive (see :meth:`register_tier`)."""
         return self.run(self._tiers_plan(), read_only=True)
 
+    def drop_tier(self, record: TierRecord) -> bool:
+        """Delete the record of a store that is gone for good (moved, decommissioned).
+
+        :meth:`forget` then stops trying to erase it. A tier that opens the store
+        again records it again. Returns whether a record was deleted.
+        """
+        tiers = self.tables.tiers
+
+        def plan() -> Plan[bool]:
+            result = yield delete(tiers).where(tiers.c.key == record.key)
+            return bool(result.rowcount)
+
+        return self.run(plan(), write=True)
+
     def pending_forgets(self) -> list[PendingForget]:
         """Forgets that could not erase every store yet, oldest first."""
         forgets = self.tables.forgets
@@ -775,7 +789,10 @@ class MySQLBackup:
         else by an eraser built from the tier's record in the archive (see
         :meth:`register_tier`), so an admin script that only opened the archive
         reaches Chroma and the MEMORY.md folders too. Then the memory catalog, the
-        consolidated documents and the archived messages.
+        archived messages and the consolidated documents (MEMORY.md, HISTORY.md) of
+        every session in scope: a session another user wrote to as well loses its
+        summary, which holds the forgotten messages too, and is consolidated again
+        from the messages left.
 
         Returns:
             How many archived messages were removed.

@@ -156,6 +156,7 @@ def _fresh_vectors(path: Path, collection: str) -> Any:
 # -- an admin process reaches every tier --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_admin_process_forgets_what_tiers_of_other_processes_stored(
     backend_url: str, table_name: str, tmp_path: Path
 ) -> None:
@@ -292,6 +293,13 @@ def test_a_store_without_an_eraser_fails_the_forget_and_a_retry_finishes(
         assert calls == [(locator, ["s1", "s2"], None, "u")]
         assert admin.pending_forgets() == []
         assert admin.get_messages("keep") == _turn("of v")
+        # A store gone for good: its record is dropped, and forget no longer tries it.
+        with pytest.raises(ForgetIncompleteError):
+            admin.forget(session_id="keep")
+        assert admin.drop_tier(admin.tiers()[0]) is True
+        assert admin.tiers() == []
+        assert admin.forget(session_id="keep") == 0  # the retry of the recorded forget
+        assert admin.pending_forgets() == []
     finally:
         admin.dispose()
 
