@@ -7,6 +7,7 @@ no model is loaded until a class is used.
 from langchain_tiered_memory.archive import (
     ArchivedMessage,
     ArchiveUnavailableError,
+    ForgetIncompleteError,
     MySQLBackup,
     SessionInfo,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ContextCompressor",
     "ContextOverflowError",
     "FinishReasonHandler",
+    "ForgetIncompleteError",
     "KnowledgeBase",
     "LongMemoryRetriever",
     "MemoryConsolidator",

@@ -8,6 +8,8 @@ so the sync and async methods share all of their logic.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib.metadata
 import inspect
 import json
 import logging
@@ -15,7 +17,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,6 +58,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 #: ``hook(session_ids, session_id, user_id)``: a tier's part of :meth:`MySQLBackup.forget`.
 ForgetHook = Callable[[Sequence[str], "str | None", "str | None"], None]
+#: ``factory(locator)``: the :data:`ForgetHook` of a store recorded by a tier.
+EraserFactory = Callable[[dict[str, Any]], ForgetHook]
+#: Entry-point group of tier erasers: ``<kind> = "module:factory"`` (an EraserFactory).
+ERASER_GROUP = "langchain_tiered_memory.erasers"
+#: Erasers registered by the tier modules on import: the fallback of the entry points.
+_ERASERS: dict[str, EraserFactory] = {}
 
 #: Pieces of a large payload are stored in their own rows, so that no single
 #: statement passes the server's ``max_allowed_packet`` (16 MB on MariaDB).
@@ -82,6 +90,104 @@ _ROLE_OF_TYPE = {
 
 class ArchiveUnavailableError(RuntimeError):
     """The archive database could not be reached or refused the write."""
+
+
+class ForgetIncompleteError(RuntimeError):
+    """``forget`` removed all it could, but some tier's store still holds the scope.
+
+    Everything reachable is gone (the archive's rows included); the stores named in
+    :attr:`unfinished` could not be erased (a Chroma server down, no eraser installed
+    for a recorded tier). The archive keeps a record of the forget (see
+    :meth:`MySQLBackup.pending_forgets`): calling ``forget`` again with the same scope
+    erases the rest and clears the record.
+
+    Attributes:
+        session_id: The forget's ``session_id`` argument.
+        user_id: The forget's ``user_id`` argument.
+        session_ids: The sessions in scope.
+        unfinished: One ``"<store>: <error>"`` line per store left.
+    """
+
+    def __init__(
+        self,
+        session_id: str | None,
+        user_id: str | None,
+        session_ids: Sequence[str],
+        unfinished: Sequence[str],
+    ) -> None:
+        self.session_id = session_id
+        self.user_id = user_id
+        self.session_ids = list(session_ids)
+        self.unfinished = list(unfinished)
+        scope = ", ".join(
+            f"{name}={value!r}"
+            for name, value in (("session_id", session_id), ("user_id", user_id))
+            if value is not None
+        )
+        super().__init__(
+            f"forget({scope}) is incomplete: {'; '.join(unfinished)}. Everything else is "
+            "removed; the forget is recorded, call it again with the same scope to finish"
+        )
+
+
+@dataclass(frozen=True)
+class TierRecord:
+    """A store that a tier keeps derived data of the archive's sessions in."""
+
+    kind: str
+    locator: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """One key per store: a hash of the kind and the canonical locator."""
+        canonical = json.dumps([self.kind, self.locator], sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def __str__(self) -> str:
+        return f"{self.kind} {json.dumps(self.locator, sort_keys=True, ensure_ascii=False)}"
+
+
+@dataclass(frozen=True)
+class PendingForget:
+    """A forget that could not erase every store yet (see :class:`ForgetIncompleteError`)."""
+
+    session_id: str | None
+    user_id: str | None
+    session_ids: list[str]
+    unfinished: list[str]
+    created_at: datetime
+
+
+def register_eraser(kind: str, factory: EraserFactory) -> None:
+    """Make ``factory`` this process's eraser of recorded stores of ``kind``.
+
+    The tier modules call it on import. It is the fallback of the entry points of
+    :data:`ERASER_GROUP`, which let an installed package name its erasers without
+    being imported first.
+    """
+    _ERASERS[kind] = factory
+
+
+def find_eraser(
+    kind: str, entry_points: Iterable[importlib.metadata.EntryPoint] | None = None
+) -> EraserFactory | None:
+    """The eraser factory of a recorded tier ``kind``, or ``None`` if none is known.
+
+    Args:
+        kind: The tier's kind, as recorded.
+        entry_points: Where to look first; default the installed entry points of
+            :data:`ERASER_GROUP`. Then the erasers of :func:`register_eraser`.
+    """
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=ERASER_GROUP)
+    for entry_point in entry_points:
+        if entry_point.group == ERASER_GROUP and entry_point.name == kind:
+            try:
+                return entry_point.load()
+            except Exception:
+                if kind not in _ERASERS:
+                    raise
+    return _ERASERS.get(kind)
 
 
 @dataclass(frozen=True)
@@ -252,7 +358,8 @@ class MySQLBackup:
             weakref.WeakKeyDictionary()
         )
         self._async_lock = threading.Lock()
-        self._forget_hooks: list[Callable[[], ForgetHook | None]] = []
+        # (weak hook, key of the recorded store it erases or None, what it is).
+        self._forget_hooks: list[tuple[Callable[[], ForgetHook | None], str | None, str]] = []
         self.create_tables()
 
     def __repr__(self) -> str:
@@ -465,12 +572,7 @@ class MySQLBackup:
         if session_id is None and user_id is None:
             msg = "deleting from the archive needs a session_id or a user_id"
             raise ValueError(msg)
-        tables = self.tables
-        for table in (
-            (tables.jobs, tables.memories, tables.consolidation, tables.history_log)
-            if derived
-            else ()
-        ):
+        for table in self.tables.scoped() if derived else ():
             yield delete(table).where(*scope_conditions(table, session_id, user_id))
         scope = scope_conditions(t, session_id, user_id)
         yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
@@ -481,19 +583,67 @@ class MySQLBackup:
         self, session_id: str | None, user_id: str | None
     ) -> Plan[list[str]]:
         found: set[str] = set()
-        for table in (
-            self.table,
-            self.tables.jobs,
-            self.tables.memories,
-            self.tables.consolidation,
-        ):
+        for table in (self.table, *self.tables.scoped()):
             result = (
                 yield select(table.c.session_id)
                 .where(*scope_conditions(table, session_id, user_id))
                 .distinct()
             )
             found.update(result.scalars())
+        forgets = self.tables.forgets  # an unfinished forget of this scope: its sessions too
+        result = yield select(forgets.c.session_ids).where(
+            *scope_conditions(forgets, session_id, user_id)
+        )
+        for text in result.scalars():
+            found.update(json.loads(text))
         return sorted(found)
+
+    def _record_tier_plan(self, record: TierRecord) -> Plan[None]:
+        tiers = self.tables.tiers
+        found = yield select(tiers.c.key).where(tiers.c.key == record.key)
+        if found.first() is None:
+            # Two processes may open the same store at once: the second insert is a no-op.
+            yield (
+                insert(tiers)
+                .values(
+                    key=record.key,
+                    kind=record.kind,
+                    locator=json.dumps(record.locator, sort_keys=True, ensure_ascii=False),
+                    created_at=utcnow(),
+                )
+                .prefix_with("OR IGNORE", dialect="sqlite")
+                .prefix_with("IGNORE", dialect="mysql")
+                .prefix_with("IGNORE", dialect="mariadb")
+            )
+
+    def _tiers_plan(self) -> Plan[list[TierRecord]]:
+        tiers = self.tables.tiers
+        result = yield select(tiers.c.kind, tiers.c.locator).order_by(tiers.c.key)
+        return [TierRecord(kind, json.loads(locator)) for kind, locator in result]
+
+    def _finish_forget_plan(
+        self,
+        session_id: str | None,
+        user_id: str | None,
+        sessions: Sequence[str],
+        unfinished: Sequence[str],
+    ) -> Plan[int]:
+        removed = yield from self._delete_plan(session_id, user_id, derived=True)
+        for table in self.tables.whole_session():  # another writer's summary holds ours too
+            for start in range(0, len(sessions), 500):
+                chunk = sessions[start : start + 500]
+                yield delete(table).where(table.c.session_id.in_(chunk))
+        forgets = self.tables.forgets
+        yield delete(forgets).where(*scope_conditions(forgets, session_id, user_id))
+        if unfinished:  # the record a retry finishes from
+            yield insert(forgets).values(
+                session_id=session_id,
+                user_id=user_id,
+                session_ids=json.dumps(list(sessions), ensure_ascii=False),
+                unfinished=json.dumps(list(unfinished), ensure_ascii=False),
+                created_at=utcnow(),
+            )
+        return removed
 
     # -- public API -----------------------------------------------------------
 
@@ -605,20 +755,102 @@ class MySQLBackup:
         return await self.arun(self._delete_plan(validate_id(session_id), None))
 
     def on_forget(self, hook: ForgetHook) -> None:
-        """Register a tier's cleanup for :meth:`forget` (Chroma vectors, files)."""
+        """Register a cleanup for :meth:`forget` in this process only.
+
+        A tier that keeps data in a store of its own uses :meth:`register_tier`
+        instead, so that a forget run by any process reaches that store.
+        """
+        self._add_hook(hook, None, repr(getattr(hook, "__self__", hook)))
+
+    def _add_hook(self, hook: ForgetHook, key: str | None, what: str) -> None:
         # Weakly, so a closed tier can be collected; its hook then falls away.
         ref = weakref.WeakMethod(hook) if inspect.ismethod(hook) else (lambda: hook)
-        self._forget_hooks.append(ref)
+        self._forget_hooks.append((ref, key, what))
+
+    def register_tier(self, kind: str, locator: dict[str, Any] | None, hook: ForgetHook) -> None:
+        """Record durably that a tier keeps data of this archive's sessions in a store.
+
+        The record (in ``<name>_tiers``, written once per store) lets :meth:`forget`
+        erase the store from any process, even one that never built the tier: it
+        calls the eraser factory of ``kind`` (an entry point of
+        :data:`ERASER_GROUP`, else one of :func:`register_eraser`) with ``locator``.
+        In this process ``hook`` erases the store instead.
+
+        Args:
+            kind: The kind of store, which names its eraser (``"chroma"``).
+            locator: JSON-able, process-independent place of the store (absolute
+                paths, host and port, collection), without secrets; ``None`` when no
+                other process can reach it (an in-memory client): ``hook`` only.
+            hook: This tier's own eraser.
+
+        Raises:
+            ArchiveUnavailableError: If the record cannot be written.
+        """
+        if locator is None:
+            self._add_hook(hook, None, repr(getattr(hook, "__self__", hook)))
+            return
+        record = TierRecord(kind, locator)
+        self.run(self._record_tier_plan(record), write=True)
+        self._add_hook(hook, record.key, str(record))
+
+    def tiers(self) -> list[TierRecord]:
+        """The stores that tiers recorded on this archive (see :meth:`register_tier`)."""
+        return self.run(self._tiers_plan(), read_only=True)
+
+    def drop_tier(self, record: TierRecord) -> bool:
+        """Delete the record of a store that is gone for good (moved, decommissioned).
+
+        :meth:`forget` then stops trying to erase it. A tier that opens the store
+        again records it again. Returns whether a record was deleted.
+        """
+        tiers = self.tables.tiers
+
+        def plan() -> Plan[bool]:
+            result = yield delete(tiers).where(tiers.c.key == record.key)
+            return bool(result.rowcount)
+
+        return self.run(plan(), write=True)
+
+    def pending_forgets(self) -> list[PendingForget]:
+        """Forgets that could not erase every store yet, oldest first."""
+        forgets = self.tables.forgets
+
+        def plan() -> Plan[list[PendingForget]]:
+            result = yield select(forgets).order_by(forgets.c.id)
+            return [
+                PendingForget(
+                    session_id=row.session_id,
+                    user_id=row.user_id,
+                    session_ids=json.loads(row.session_ids),
+                    unfinished=json.loads(row.unfinished),
+                    created_at=row.created_at,
+                )
+                for row in result
+            ]
+
+        return self.run(plan(), read_only=True)
 
     def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
         """Remove a session, a user, or one user's session from every tier.
 
-        Jobs go first, so nothing new is derived; then each registered tier
-        removes its part (Chroma memories page by page, MEMORY.md files); then the
-        memory catalog, the consolidated documents and the archived messages.
+        Jobs go first, so nothing new is derived. Then every store a tier keeps
+        data in is erased: by the tier's own hook when it lives in this process,
+        else by an eraser built from the tier's record in the archive (see
+        :meth:`register_tier`), so an admin script that only opened the archive
+        reaches Chroma and the MEMORY.md folders too. Then the memory catalog, the
+        archived messages and the consolidated documents (MEMORY.md, HISTORY.md) of
+        every session in scope: a session another user wrote to as well loses its
+        summary, which holds the forgotten messages too, and is consolidated again
+        from the messages left.
 
         Returns:
             How many archived messages were removed.
+
+        Raises:
+            ForgetIncompleteError: If a store could not be erased (a server down,
+                no eraser for a recorded kind). Everything else is removed and the
+                forget is recorded; calling it again with the same scope finishes.
+            ArchiveUnavailableError: If the archive cannot be reached.
         """
         session_id = validate_optional_id(session_id, "session_id")
         user_id = validate_optional_id(user_id, "user_id")
@@ -632,11 +864,35 @@ class MySQLBackup:
             yield delete(jobs).where(*scope_conditions(jobs, session_id, user_id))
 
         self.run(drop_jobs(), write=True)
-        for ref in list(self._forget_hooks):
+        unfinished: list[str] = []
+        erased: set[str] = set()  # stores erased (or tried) by an in-process hook
+
+        def attempt(what: str, erase: Callable[[], None]) -> None:
+            try:
+                erase()
+            except Exception as exc:  # the others are still erased; this one is reported
+                logger.warning("forget could not erase %s: %s", what, exc)
+                unfinished.append(f"{what}: {type(exc).__name__}: {exc}")
+
+        for ref, key, what in list(self._forget_hooks):
             hook = ref()
-            if hook is not None:
-                hook(sessions, session_id, user_id)
-        return self.run(self._delete_plan(session_id, user_id, derived=True), write=True)
+            if hook is None or (key is not None and key in erased):
+                continue
+            if key is not None:
+                erased.add(key)
+            attempt(what, lambda hook=hook: hook(sessions, session_id, user_id))
+        for record in self.tiers():
+            if record.key not in erased:
+                attempt(
+                    str(record),
+                    lambda record=record: _eraser(record)(sessions, session_id, user_id),
+                )
+        removed = self.run(
+            self._finish_forget_plan(session_id, user_id, sessions, unfinished), write=True
+        )
+        if unfinished:
+            raise ForgetIncompleteError(session_id, user_id, sessions, unfinished)
+        return removed
 
     def dispose(self) -> None:
         """Close the sync engine's pooled connections."""
@@ -651,6 +907,17 @@ class MySQLBackup:
 
 
 # -- helpers ------------------------------------------------------------------
+
+
+def _eraser(record: TierRecord) -> ForgetHook:
+    factory = find_eraser(record.kind)
+    if factory is None:
+        msg = (
+            f"no eraser is installed for tier kind {record.kind!r} (entry point group "
+            f"{ERASER_GROUP!r})"
+        )
+        raise LookupError(msg)
+    return factory(record.locator)
 
 
 def _turn_ends(messages: Sequence[BaseMessage]) -> list[int]:

@@ -30,9 +30,11 @@ from sqlalchemy import delete, func, insert, select, update
 from langchain_tiered_memory._validation import safe_filename, validate_id
 from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
+    ForgetHook,
     MySQLBackup,
     Plan,
     default_home,
+    register_eraser,
     role_of,
     utcnow,
 )
@@ -178,7 +180,10 @@ class MemoryConsolidator(QueueWorker):
         self.retry_base_delay = retry_base_delay
         self.language = language
         self.tables = backup.tables
-        backup.on_forget(self._forget_files)
+        # Recorded in the archive, so a forget from any process reaches these folders.
+        backup.register_tier(
+            "consolidation", {"root": os.path.abspath(self.root)}, self._forget_files
+        )
         super().__init__(
             JobQueue(backup, kinds=("consolidate",), lease_seconds=lease_seconds),
             poll_interval=poll_interval,
@@ -365,7 +370,25 @@ class MemoryConsolidator(QueueWorker):
     def _forget_files(
         self, session_ids: Sequence[str], session_id: str | None, user_id: str | None
     ) -> None:
-        for session_id in session_ids:
-            folder = self.root / safe_filename(session_id)
-            if folder.is_dir():
-                shutil.rmtree(folder)
+        _remove_folders(self.root, session_ids)
+
+
+def _remove_folders(root: Path, session_ids: Sequence[str]) -> None:
+    """Remove the sessions' folders: MEMORY.md, HISTORY.md and a killed writer's ``.tmp``."""
+    for session_id in session_ids:
+        folder = root / safe_filename(session_id)
+        if folder.is_dir():
+            shutil.rmtree(folder)
+
+
+def erase_from_record(locator: dict[str, Any]) -> ForgetHook:
+    """The eraser of a recorded consolidation root (entry point ``consolidation``)."""
+    root = Path(locator["root"])
+
+    def erase(session_ids: Sequence[str], session_id: str | None, user_id: str | None) -> None:
+        _remove_folders(root, session_ids)
+
+    return erase
+
+
+register_eraser("consolidation", erase_from_record)

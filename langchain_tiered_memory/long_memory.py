@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -38,9 +39,11 @@ from langchain_tiered_memory._extras import import_extra
 from langchain_tiered_memory._validation import validate_id
 from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
+    ForgetHook,
     MySQLBackup,
     Plan,
     default_home,
+    register_eraser,
     role_of,
     scope_conditions,
     utcnow,
@@ -259,7 +262,12 @@ class ChromaLongMemory(QueueWorker):
         self.memories = backup.tables.memories
         self._scopes: OrderedDict[tuple[str, str], _ScopeIndex] = OrderedDict()
         self._scopes_lock = threading.Lock()
-        backup.on_forget(self._forget_memories)
+        # Recorded in the archive, so a forget from any process reaches these vectors.
+        backup.register_tier(
+            "chroma",
+            _chroma_locator(client, persist_directory, host, port, collection_name),
+            self._forget_memories,
+        )
         super().__init__(
             JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds),
             poll_interval=poll_interval,
@@ -843,12 +851,9 @@ class ChromaLongMemory(QueueWorker):
                 yield delete(self.memories).where(c.id.in_(ids))
 
             self.backup.run(delete_plan())
-        where = _chroma_where(session_id, user_id)
-        while True:  # vectors whose catalog row never committed
-            orphans = self.collection.get(where=where, limit=PAGE, include=[])["ids"]
-            if not orphans:
-                break
-            self.collection.delete(ids=orphans)
+        # Vectors whose catalog row never committed, or was deleted by an earlier forget
+        # that could not reach Chroma.
+        _delete_where(self.collection, _chroma_where(session_id, user_id))
         with self._scopes_lock:
             self._scopes.clear()
 
@@ -913,6 +918,95 @@ def _chroma_where(session_id: str | None, user_id: str | None) -> dict[str, Any]
     if user_id is not None:
         clauses.append({"user_id": user_id})
     return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def _delete_where(collection: Any, where: dict[str, Any]) -> None:
+    """Delete every vector of a scope, page by page (never a reset, never unscoped)."""
+    while True:
+        ids = collection.get(where=where, limit=PAGE, include=[])["ids"]
+        if not ids:
+            return
+        collection.delete(ids=ids)
+
+
+def _chroma_locator(
+    client: Any, persist_directory: Any, host: str | None, port: int, collection_name: str
+) -> dict[str, Any] | None:
+    """Where the vectors live, as any process can reach them; ``None`` if none can.
+
+    An embedded store is its absolute folder, a server its host and port (never its
+    credentials), plus the collection. An in-memory client (or an object that is no
+    ``chromadb`` client) has no place another process could open.
+    """
+    where: dict[str, Any]
+    if client is not None:
+        try:
+            settings = client.get_settings()
+        except Exception:
+            return None
+        if settings.is_persistent and settings.persist_directory:
+            where = {"persist_directory": os.path.abspath(settings.persist_directory)}
+        elif settings.chroma_api_impl.endswith(".FastAPI") and settings.chroma_server_host:
+            where = {
+                "host": settings.chroma_server_host,
+                "port": int(settings.chroma_server_http_port or 8000),
+            }
+            if settings.chroma_server_ssl_enabled:
+                where["ssl"] = True
+        else:
+            return None
+        from chromadb.config import DEFAULT_DATABASE, DEFAULT_TENANT
+
+        if getattr(client, "tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
+            where["tenant"] = client.tenant
+        if getattr(client, "database", DEFAULT_DATABASE) != DEFAULT_DATABASE:
+            where["database"] = client.database
+    elif persist_directory is None and host is not None:
+        where = {"host": host, "port": int(port)}
+    else:
+        path = Path(persist_directory) if persist_directory else default_home() / "chroma"
+        where = {"persist_directory": os.path.abspath(path)}
+    return {**where, "collection": collection_name}
+
+
+def erase_from_record(locator: dict[str, Any]) -> ForgetHook:
+    """The eraser of a recorded Chroma store (entry point ``chroma``).
+
+    It opens the store the locator names, without creating anything: a folder or a
+    collection that no longer exists holds no vector. Then it deletes every vector
+    of the forgotten scope by its metadata, page by page. A server that does not
+    answer raises, so the forget is reported incomplete.
+    """
+
+    def erase(session_ids: Sequence[str], session_id: str | None, user_id: str | None) -> None:
+        chromadb = import_extra("chromadb", "chroma", "forgetting Chroma memories")
+        from chromadb.config import DEFAULT_DATABASE, DEFAULT_TENANT
+        from chromadb.errors import NotFoundError
+
+        place = {
+            "tenant": locator.get("tenant", DEFAULT_TENANT),
+            "database": locator.get("database", DEFAULT_DATABASE),
+            "settings": _chroma_settings(),
+        }
+        if "persist_directory" in locator:
+            path = Path(locator["persist_directory"])
+            if not path.is_dir():
+                return
+            client = chromadb.PersistentClient(path=str(path), **place)
+        else:
+            client = chromadb.HttpClient(
+                host=locator["host"], port=locator["port"], ssl=locator.get("ssl", False), **place
+            )
+        try:
+            collection = client.get_collection(locator["collection"], embedding_function=None)
+        except NotFoundError:
+            return
+        _delete_where(collection, _chroma_where(session_id, user_id))
+
+    return erase
+
+
+register_eraser("chroma", erase_from_record)
 
 
 def _row_metadata(row: Any) -> dict[str, Any]:

@@ -4,8 +4,10 @@
 ``<name>_jobs`` the durable work queue, ``<name>_memories`` the catalog of long-term
 memories (Chroma holds their vectors and is rebuilt from it), ``<name>_locks`` the
 rows that serialise queue claims across processes, ``<name>_consolidation`` each
-session's MEMORY.md and consolidation cursor, and ``<name>_history_log`` the
-consolidated batches (HISTORY.md).
+session's MEMORY.md and consolidation cursor, ``<name>_history_log`` the
+consolidated batches (HISTORY.md), ``<name>_tiers`` the stores that derived tiers
+keep data in (so ``forget`` reaches them from any process) and ``<name>_forgets`` the
+forgets that could not reach every store yet.
 """
 
 from __future__ import annotations
@@ -65,6 +67,24 @@ class Tables:
     locks: Table
     consolidation: Table
     history_log: Table
+    tiers: Table
+    forgets: Table
+
+    def scoped(self) -> tuple[Table, ...]:
+        """The tables of per-session rows that ``forget`` deletes, besides messages and parts.
+
+        Each has ``session_id`` and ``user_id`` columns; this is the one list of them.
+        """
+        return (self.jobs, self.memories, self.consolidation, self.history_log)
+
+    def whole_session(self) -> tuple[Table, ...]:
+        """Those of :meth:`scoped` whose rows summarise all of a session's messages.
+
+        Their ``user_id`` is only the writer that queued the work, so ``forget``
+        drops them for every session in scope, whoever they are tagged with; they
+        are rebuilt from the messages that are left.
+        """
+        return (self.consolidation, self.history_log)
 
 
 def build_tables(metadata: MetaData, name: str) -> Tables:
@@ -168,6 +188,28 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         **_MYSQL,
         **_GROWING,
     )
+    tiers = Table(
+        f"{name}_tiers",
+        metadata,
+        # sha256 of kind and locator: one row per store, however often it is opened.
+        Column("key", String(64), primary_key=True),
+        Column("kind", String(64), nullable=False),
+        Column("locator", Text, nullable=False),  # JSON: where the store lives
+        Column("created_at", _timestamp(), nullable=False),
+        **_MYSQL,
+    )
+    forgets = Table(
+        f"{name}_forgets",
+        metadata,
+        Column("id", _id(), primary_key=True, autoincrement=True),
+        Column("session_id", _ident(), nullable=True),
+        Column("user_id", _ident(), nullable=True),
+        Column("session_ids", _long_text(), nullable=False),  # JSON: the sessions in scope
+        Column("unfinished", _long_text(), nullable=False),  # JSON: stores left, and why
+        Column("created_at", _timestamp(), nullable=False),
+        **_MYSQL,
+        **_GROWING,
+    )
     return Tables(
         messages=messages,
         parts=parts,
@@ -176,6 +218,8 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         locks=locks,
         consolidation=consolidation,
         history_log=history_log,
+        tiers=tiers,
+        forgets=forgets,
     )
 
 

@@ -1,9 +1,10 @@
 """The ERP design's short-term layout as an archive backend: one JSON file per session.
 
-``<root>/{session}.json`` holds the messages (``message_to_dict``) and
-``<root>/{session}.meta.json`` the session's creation time, last activity and
-message count. Every write goes to a temporary file that is renamed over the old
-one, so a crash mid-write leaves the previous file whole. Session ids become safe
+``<root>/{session}.json`` holds the messages (``message_to_dict``, each with the
+user who wrote it) and ``<root>/{session}.meta.json`` the session's creation time,
+last activity, message count, last writer and every user who wrote to it. Every
+write goes to a temporary file that is renamed over the old one, so a crash
+mid-write leaves the previous file whole. Session ids become safe
 file names (:func:`~langchain_tiered_memory._validation.safe_filename`), so
 ``../x``, absolute paths and odd characters never leave ``root``.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,9 +43,16 @@ from langchain_tiered_memory.archive import (
     utcnow,
 )
 
+#: The temporary files of :func:`atomic_write`: ``.{name}.{pid}.{thread id}.tmp``.
+TMP_FILE = re.compile(r"\..+\.\d+\.\d+\.tmp")
+
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file, fsync and rename: readers see old or new, whole."""
+    """Write via a temporary file, fsync and rename: readers see old or new, whole.
+
+    A writer killed before the rename leaves its temporary file (see
+    :data:`TMP_FILE`) beside ``path``; ``forget`` removes such leftovers.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -56,8 +65,20 @@ def atomic_write(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _users(meta: dict[str, Any] | None) -> set[str]:
+    """Every user who wrote to a session (meta files of older versions: the last one)."""
+    meta = meta or {}
+    return set(meta.get("users") or ()) | ({meta["user_id"]} if meta.get("user_id") else set())
+
+
 class SessionFileArchive:
     """Archive backend of JSON session files (the design's ``{session_id}.json``).
+
+    ``forget`` follows :meth:`MySQLBackup.forget
+    <langchain_tiered_memory.archive.MySQLBackup.forget>`: a user's forget removes
+    the messages that user wrote, in every session they ever wrote to (a session
+    shared with another user keeps that user's messages), and the temporary files
+    of killed writers, which may hold anyone's unacknowledged messages.
 
     Args:
         root: The folder; default ``$TIERED_MEMORY_HOME/sessions``.
@@ -129,29 +150,48 @@ class SessionFileArchive:
             stored = self._read(session_id)
             first = len(stored) + 1
             stored.extend(
-                {"created_at": now, "role": role_of(m), "data": message_to_dict(m)}
+                {
+                    "created_at": now,
+                    "role": role_of(m),
+                    "user_id": user_id,
+                    "data": message_to_dict(m),
+                }
                 for m in messages
             )
             previous = self._meta(session_id)
             meta = dict(previous or {"session_id": session_id, "created_at": now})
             meta.update(user_id=user_id or meta.get("user_id"), last_active=now)
+            # Every writer, not only the last: a user's forget must find the session.
+            meta["users"] = sorted(_users(previous) | ({user_id} if user_id else set()))
             meta["message_count"] = len(stored)
-            path, meta_path = self.paths(session_id)
-            # The messages file is renamed last: it is the commit point. If it
-            # fails, the meta file is put back, so the session stays as it was.
-            atomic_write(meta_path, json.dumps(meta, ensure_ascii=False))
-            try:
-                atomic_write(
-                    path,
-                    json.dumps({"session_id": session_id, "messages": stored}, ensure_ascii=False),
-                )
-            except BaseException:
-                if previous is None:
-                    meta_path.unlink(missing_ok=True)
-                else:
-                    atomic_write(meta_path, json.dumps(previous, ensure_ascii=False))
-                raise
+            self._commit(session_id, stored, meta, previous)
         return list(range(first, first + len(messages)))
+
+    def _commit(
+        self,
+        session_id: str,
+        stored: list[dict[str, Any]],
+        meta: dict[str, Any],
+        previous: dict[str, Any] | None,
+    ) -> None:
+        """Write the meta file, then the messages file (the commit point).
+
+        If the messages file cannot be written, the meta file is put back, so the
+        session stays as it was.
+        """
+        path, meta_path = self.paths(session_id)
+        atomic_write(meta_path, json.dumps(meta, ensure_ascii=False))
+        try:
+            atomic_write(
+                path,
+                json.dumps({"session_id": session_id, "messages": stored}, ensure_ascii=False),
+            )
+        except BaseException:
+            if previous is None:
+                meta_path.unlink(missing_ok=True)
+            else:
+                atomic_write(meta_path, json.dumps(previous, ensure_ascii=False))
+            raise
 
     async def aadd_messages(
         self,
@@ -205,7 +245,7 @@ class SessionFileArchive:
             ArchivedMessage(
                 id=i + 1,
                 session_id=session_id,
-                user_id=meta.get("user_id"),
+                user_id=stored[i].get("user_id", meta.get("user_id")),
                 role=stored[i]["role"],
                 message=messages_from_dict([stored[i]["data"]])[0],
                 created_at=datetime.fromisoformat(stored[i]["created_at"]),
@@ -214,14 +254,17 @@ class SessionFileArchive:
         ]
 
     def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
-        """Sessions from their meta files, most recently active first."""
+        """Sessions from their meta files, most recently active first.
+
+        With ``user_id``, the sessions that user ever wrote to.
+        """
         infos = []
         for meta_path in self.root.glob("*.meta.json"):
             try:
                 meta = json.loads(meta_path.read_text(encoding="utf-8"))
             except FileNotFoundError:  # cleared while we listed
                 continue
-            if user_id is not None and meta.get("user_id") != user_id:
+            if user_id is not None and user_id not in _users(meta):
                 continue
             infos.append(
                 SessionInfo(
@@ -237,20 +280,77 @@ class SessionFileArchive:
     def clear(self, session_id: str) -> int:
         """Delete the session's files; returns how many messages they held."""
         with self._locked():
-            count = len(self._read(session_id))
-            for path in self.paths(session_id):
-                path.unlink(missing_ok=True)
-        return count
+            return self._remove(session_id, None)
 
     async def aclear(self, session_id: str) -> int:
         """:meth:`clear`."""
         return self.clear(session_id)
 
+    def _remove(self, session_id: str, user_id: str | None) -> int:
+        """Remove a session, or one user's messages of it (under the lock)."""
+        stored = self._read(session_id)
+        previous = self._meta(session_id)
+        writer = (previous or {}).get("user_id")  # who wrote items of older versions
+        keep = (
+            []
+            if user_id is None
+            else [item for item in stored if item.get("user_id", writer) != user_id]
+        )
+        if user_id is not None and len(keep) == len(stored) and user_id not in _users(previous):
+            return 0  # not this user's session: nothing of it is touched
+        name = self.paths(session_id)[0].name[: -len(".json")]
+        if keep:
+            for item in keep:  # older items: their writer is written down from now on
+                item.setdefault("user_id", writer)
+            users = {item["user_id"] for item in keep} - {None}
+            meta = dict(previous or {"session_id": session_id, "created_at": utcnow().isoformat()})
+            meta.update(message_count=len(keep), users=sorted(users))
+            if meta.get("user_id") not in users:
+                meta["user_id"] = keep[-1]["user_id"]
+            self._commit(session_id, keep, meta, previous)
+        else:
+            for path in self.paths(session_id):
+                path.unlink(missing_ok=True)
+        mine = re.compile(rf"\.{re.escape(name)}\.(?:meta\.)?json\.\d+\.\d+\.tmp")
+        for leftover in self.root.iterdir():  # a killed writer's copy of the session
+            if mine.fullmatch(leftover.name):
+                _unlink_tmp(leftover)
+        return len(stored) - len(keep)
+
     def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
-        """Delete a session's, or all of a user's, files; returns messages removed."""
-        if session_id is not None:
-            return self.clear(session_id)
-        if user_id is None:
+        """Delete a session, a user's messages, or one user's messages of a session.
+
+        Like :meth:`MySQLBackup.forget
+        <langchain_tiered_memory.archive.MySQLBackup.forget>`: with a ``user_id``,
+        only the messages that user wrote go, from every session they ever wrote
+        to (or from ``session_id`` alone); a session left empty is removed. Every
+        temporary file a killed writer left in ``root`` goes too (no live writer
+        has one while the archive is locked): an unacknowledged write may hold the
+        forgotten messages under any session's name.
+
+        Returns:
+            How many messages were removed.
+        """
+        session_id = None if session_id is None else validate_id(session_id)
+        if user_id is not None:
+            user_id = validate_id(user_id, "user_id")
+        if session_id is None and user_id is None:
             msg = "forget needs a session_id or a user_id"
             raise ValueError(msg)
-        return sum(self.clear(info.session_id) for info in self.sessions(user_id=user_id))
+        with self._locked():
+            if session_id is not None:
+                removed = self._remove(session_id, user_id)
+            else:
+                removed = sum(
+                    self._remove(info.session_id, user_id)
+                    for info in self.sessions(user_id=user_id)
+                )
+            for leftover in self.root.iterdir():
+                if TMP_FILE.fullmatch(leftover.name):
+                    _unlink_tmp(leftover)
+        return removed
+
+
+def _unlink_tmp(path: Path) -> None:
+    if TMP_FILE.fullmatch(path.name) and path.is_file():
+        path.unlink(missing_ok=True)

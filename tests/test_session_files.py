@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -440,6 +441,105 @@ def test_history_refuses_what_mysqlbackup_refuses(tmp_path: Path, backup: MySQLB
             archive.tail("p", 10**20)
         assert len(archive.history("p", before_id=2**63 - 1, limit=10**9)) == 4
         assert len(archive.tail("p", 10**9)) == 4
+
+
+def test_forget_of_a_session_and_the_wrong_user_removes_nothing(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("s", turn(0), user_id="u1")
+    before = tree(tmp_path)
+    assert files.forget(session_id="s", user_id="u2") == 0
+    assert files.forget(session_id="s", user_id="U1") == 0  # a near twin is another user
+    assert tree(tmp_path) == before
+    assert files.forget(session_id="s", user_id="u1") == 2
+    assert tree(tmp_path) == {}
+
+
+def test_forget_of_a_user_reaches_every_session_they_wrote(tmp_path: Path) -> None:
+    """Sessions last written by someone else included; only the user's messages go."""
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("shared", turn(0), user_id="u1")
+    files.add_messages("shared", turn(1), user_id="u2")  # the last writer is u2
+    files.add_messages("mine", turn(2), user_id="u1")
+    files.add_messages("theirs", turn(3), user_id="u2")
+    files.add_messages("legacy", turn(4), user_id="u1")
+    # A session written by an older version: no per-message user, one user in the meta.
+    legacy, legacy_meta = files.paths("legacy")
+    data = read_json(legacy)
+    for item in data["messages"]:
+        item.pop("user_id", None)
+    legacy.write_text(json.dumps(data), encoding="utf-8")
+    meta = read_json(legacy_meta)
+    meta.pop("users", None)
+    legacy_meta.write_text(json.dumps(meta), encoding="utf-8")
+    assert {i.session_id for i in files.sessions("u1")} == {"shared", "mine", "legacy"}
+    theirs = {k: v for k, v in tree(tmp_path).items() if k.startswith(safe_filename("theirs"))}
+
+    assert files.forget(user_id="u1") == 6
+    assert files.get_messages("shared") == turn(1)
+    assert [m.user_id for m in files.history("shared")] == ["u2", "u2"]
+    assert read_json(files.paths("shared")[1])["users"] == ["u2"]
+    assert read_json(files.paths("shared")[1])["user_id"] == "u2"
+    for session in ("mine", "legacy"):
+        assert not any(p.exists() for p in files.paths(session))
+    assert files.sessions("u1") == []
+    assert {i.session_id for i in files.sessions("u2")} == {"shared", "theirs"}
+    left = tree(tmp_path)
+    assert {k: v for k, v in left.items() if k.startswith(safe_filename("theirs"))} == theirs
+    for n in (0, 2, 4):
+        assert not any(f"question {n}".encode() in content for content in left.values())
+    assert not any(b"u1" in content for content in left.values())
+
+
+_KILLED_AT_RENAME = r"""
+import os, signal, sys
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_tiered_memory import SessionFileArchive
+
+root, session, user, target = sys.argv[1:5]
+real_replace = os.replace
+
+def dying_replace(src, dst):
+    name = os.path.basename(dst)
+    if name.endswith(".meta.json") == (target == "meta"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+
+os.replace = dying_replace
+SessionFileArchive(root).add_messages(
+    session, [HumanMessage(f"secret of {user} in {session}"), AIMessage("noted")], user_id=user
+)
+"""
+
+
+def test_forget_removes_what_killed_writers_left_in_temporary_files(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("shared", turn(0), user_id="u2")
+    files.add_messages("theirs", turn(1), user_id="u2")
+    for session, user, target in [
+        ("shared", "u1", "messages"),  # its meta renamed, its messages not: both users inside
+        ("fresh", "u1", "messages"),  # u1's first write to a new session
+        ("theirs", "u2", "meta"),  # nothing renamed at all
+    ]:
+        writer = _run(_KILLED_AT_RENAME, str(tmp_path), session, user, target)
+        assert writer.wait(timeout=120) == -signal.SIGKILL
+    leftovers = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(leftovers) == 3
+    assert all(re.fullmatch(r"\..+\.json\.\d+\.\d+\.tmp", p.name) for p in leftovers)
+    assert sum(b"secret of u1" in p.read_bytes() for p in leftovers) == 2
+
+    assert files.forget(user_id="u1") == 0  # nothing of u1 was ever acknowledged
+    left = tree(tmp_path)
+    assert not any(name.endswith(".tmp") for name in left)
+    assert not any(b"u1" in content for content in left.values())
+    assert files.get_messages("shared") == turn(0)  # u2's session is whole
+    assert files.get_messages("theirs") == turn(1)
+    assert not any(p.exists() for p in files.paths("fresh"))
+
+    # forget of one session removes its own leftovers (and any killed writer's).
+    writer = _run(_KILLED_AT_RENAME, str(tmp_path), "theirs", "u2", "messages")
+    assert writer.wait(timeout=120) == -signal.SIGKILL
+    assert files.forget(session_id="theirs") == 2
+    assert not any(name.endswith(".tmp") for name in tree(tmp_path))
 
 
 def test_requesting_background_jobs_is_a_value_error(tmp_path: Path) -> None:
