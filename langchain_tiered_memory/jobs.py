@@ -440,8 +440,8 @@ class QueueWorker:
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         self.batch_size = check_int("batch_size", batch_size)
         #: Seconds between lease renewals of the running batch (a third of the
-        #: lease); ``None`` renews nothing (tests of what a stale worker does).
-        self.heartbeat_interval: float | None = queue.lease.total_seconds() / 3
+        #: lease, at least 50 ms); ``None`` renews nothing (tests of a stale worker).
+        self.heartbeat_interval: float | None = max(queue.lease.total_seconds() / 3, 0.05)
         self._work_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -194,6 +194,27 @@ def test_a_stale_vector_write_is_put_back_from_the_catalog(
     _assert_extracted_once(backup, fresh, "Summary: fresh")
 
 
+def test_a_session_forgotten_during_the_vector_write_keeps_no_vector(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """The job is gone, and so is every catalog row: no commit can come, the vector goes."""
+    memory = make_memory(extractor=FakeExtractor(answer="Summary: secret"))
+    gated = GatedCollection(memory.collection)
+    memory.collection = gated
+    history = TieredChatMessageHistory("gone", user_id="u", backup=backup, long_memory=memory)
+    say(history, "my password hint is the cat's name")
+    a = Runner(memory)
+    a.start()
+    try:
+        assert gated.entered.wait(10)  # past its lease check, before its Chroma write
+        assert backup.forget(session_id="gone") == 2
+    finally:
+        gated.gate.set()
+    assert a.result() == 0
+    assert catalog(backup) == [] and job_rows(backup) == []
+    assert chroma_ids(gated.inner, {"session_id": "gone"}) == []
+
+
 def test_a_stale_consolidation_touches_no_file(
     make_consolidator: Callable[..., MemoryConsolidator], backup: MySQLBackup
 ) -> None:
