@@ -51,7 +51,7 @@ from langchain_tiered_memory._validation import (
     validate_page,
 )
 from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
-from langchain_tiered_memory.schema import build_tables, max_table_name_length
+from langchain_tiered_memory.schema import build_tables, ensure_columns, max_table_name_length
 
 logger = logging.getLogger(__name__)
 
@@ -368,8 +368,12 @@ class MySQLBackup:
     # -- engines --------------------------------------------------------------
 
     def create_tables(self) -> None:
-        """Create the archive's tables if they do not exist (idempotent)."""
+        """Create the archive's tables if they do not exist (idempotent).
+
+        Tables made by an earlier version get the nullable columns added since.
+        """
         self._guard(lambda: self.metadata.create_all(self.engine, checkfirst=True))
+        self._guard(lambda: ensure_columns(self.engine, self.metadata.sorted_tables))
         self.run(self._lock_rows_plan())
 
     def _lock_rows_plan(self) -> Plan[None]:

@@ -4,9 +4,20 @@ When a session has more than ``threshold`` archived messages past its cursor, a
 ``consolidate`` job (queued in the same transaction as the messages) sends the
 oldest ``batch`` of them, with the current MEMORY.md, to the LLM. Its answer
 replaces MEMORY.md; the raw batch is appended to HISTORY.md. The cursor moves in
-one database transaction only after both writes succeeded, and the HISTORY.md
-append is idempotent, so a crash never loses or doubles a batch. After
-``max_attempts`` failed LLM calls the batch is archived raw, marked ``[RAW]``.
+one database transaction only after both writes succeeded, so a crash never
+loses or doubles a batch. After ``max_attempts`` failed LLM calls the batch is
+archived raw, marked ``[RAW]``.
+
+The database is the source of truth and the files follow it. A batch's entry is
+computed from stored data only (its timestamp is its last message's), so a retry
+writes the same text; every write of HISTORY.md first checks the file's tail
+against the newest committed entry and cuts off whatever follows it (a torn
+entry of a kill or a full disk, an entry whose commit never happened), or
+rebuilds the file from the database when that check fails. The files of a root
+are written under a file lock and only by the holder of the job's lease (see
+:mod:`~langchain_tiered_memory.jobs`); a stale runner whose commit is refused
+puts them back as the database has them. A disk error is not an LLM failure: the
+batch is retried with backoff and never falls back to ``[RAW]`` for it.
 
 On disk: ``<root>/<session>/MEMORY.md`` and ``HISTORY.md``; in the archive
 database the same documents live in ``<name>_consolidation`` and
@@ -15,11 +26,13 @@ database the same documents live in ``<name>_consolidation`` and
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +59,7 @@ from langchain_tiered_memory.jobs import (
     call_with_timeout,
     check_int,
     check_seconds,
+    held_by,
 )
 from langchain_tiered_memory.lexical import cjk_share
 from langchain_tiered_memory.session_files import atomic_write
@@ -105,18 +119,61 @@ def redact(text: str) -> str:
     return text
 
 
-def _append_once(path: Path, marker: str, entry: str) -> None:
-    """Append ``entry`` unless the file already ends with the batch ``marker``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        with open(path, "rb") as handle:
-            handle.seek(max(0, path.stat().st_size - len(entry.encode()) - 4096))
-            if marker.encode() in handle.read():
+#: A file write failing this often in a row waits at most this long between tries.
+MAX_DISK_BACKOFF = 300.0
+
+
+class FilesUnwritableError(Exception):
+    """MEMORY.md or HISTORY.md could not be written (a full disk, EIO, permissions).
+
+    Not the LLM's failure: the batch stays queued, is retried with backoff and is
+    never archived raw for it.
+    """
+
+
+def write_history(path: Path, last: str | None, entries: Callable[[], list[str]], new: str) -> None:
+    """Make HISTORY.md the committed entries followed by ``new``.
+
+    Args:
+        path: The file.
+        last: The newest committed entry (``None`` when there is none).
+        entries: Reads every committed entry, oldest first (only for a rebuild).
+        new: The entry about to be committed, or ``""``.
+
+    The file normally ends with ``last``, maybe followed by a torn or uncommitted
+    entry (a kill or a full disk mid-append, a crash before the commit): that tail
+    is cut off and ``new`` appended. A file that does not hold ``last`` near its end
+    (missing, truncated, edited) is rebuilt from the database, atomically.
+    """
+    committed, wanted = (last or "").encode(), new.encode()
+    if not committed and not wanted:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        handle = open(path, "r+b")  # noqa: SIM115 - closed below, or absent
+    except FileNotFoundError:
+        handle = None
+    if handle is not None:
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            # An uncommitted entry is the same batch as ``new``: it differs at most by
+            # its [RAW] tag. Entries hold no message's newline (whitespace is folded),
+            # so ``last`` cannot be found inside the text of another entry.
+            start = max(0, size - len(committed) - len(wanted) - 256)
+            handle.seek(start)
+            window = handle.read()
+            # With nothing committed, the whole file is the tail to replace.
+            at = window.rfind(committed) if committed else (0 if start == 0 else -1)
+            if at >= 0:
+                keep = start + at + len(committed)
+                if window[at + len(committed) :] != wanted:
+                    handle.truncate(keep)
+                    handle.seek(keep)
+                    handle.write(wanted)
+                    handle.flush()
+                    os.fsync(handle.fileno())
                 return
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(entry)
-        handle.flush()
-        os.fsync(handle.fileno())
+    atomic_write(path, "".join(entries() if last is not None else []) + new)
 
 
 class MemoryConsolidator(QueueWorker):
@@ -180,6 +237,7 @@ class MemoryConsolidator(QueueWorker):
         self.retry_base_delay = retry_base_delay
         self.language = language
         self.tables = backup.tables
+        self._disk_failures: dict[int, int] = {}  # job id -> file write failures in a row
         # Recorded in the archive, so a forget from any process reaches these folders.
         backup.register_tier(
             "consolidation", {"root": os.path.abspath(self.root)}, self._forget_files
@@ -262,22 +320,38 @@ class MemoryConsolidator(QueueWorker):
         finished = 0
         for job in jobs:
             try:
-                self._consolidate(job)
-                finished += 1
+                if self._consolidate(job):
+                    finished += 1
+                self._disk_failures.pop(job.id, None)
             except ArchiveUnavailableError:
                 raise  # an outage is not the LLM's failure: the job is claimed again later
+            except FilesUnwritableError as exc:
+                # Not the LLM's failure either: retried, never counted towards [RAW].
+                failures = self._disk_failures.pop(job.id, 0) + 1
+                if len(self._disk_failures) < 10_000:
+                    self._disk_failures[job.id] = failures
+                delay = min(backoff(self.retry_base_delay or 0.05, failures - 1), MAX_DISK_BACKOFF)
+                logger.error(
+                    "cannot write the consolidation files of session %r (%s); the batch "
+                    "stays queued and is retried in %.1f s (not counted as an LLM failure)",
+                    job.session_id,
+                    exc,
+                    delay,
+                )
+                self.queue.retry(job, f"FilesUnwritableError: {exc}", delay, count=False)
             except Exception as exc:
+                self._disk_failures.pop(job.id, None)
                 error = f"{type(exc).__name__}: {exc}"
                 delay = backoff(self.retry_base_delay, job.attempts)
                 logger.warning("consolidation of %r failed (%s)", job.session_id, error)
                 self.queue.retry(job, error, delay)
         return finished
 
-    def _consolidate(self, job: Job) -> None:
+    def _consolidate(self, job: Job) -> bool:
+        """Consolidate the job's batch; ``False`` if the job is no longer this claim's."""
         cursor, memory, rows, messages = self.backup.run(self._batch_plan(job.session_id))
         if not rows:
-            self.queue.done([job.id])
-            return
+            return self._write_and_commit(job, cursor, None)
         language = self.language or (
             "zh" if cjk_share(self._format(messages[:10], "en")) > 0.2 else "en"
         )
@@ -294,26 +368,99 @@ class MemoryConsolidator(QueueWorker):
                 raise ValueError(msg)
             memory = redact(_SURROGATE.sub("\ufffd", text.strip())) + "\n"
         first_id, last_id = rows[0].id, rows[-1].id
-        stamp = utcnow().strftime("%Y-%m-%d %H:%M")
-        marker = f"<!-- batch {first_id}-{last_id} -->"
+        # From stored data, not the clock: a retry after a crash writes the same text.
+        stamp = rows[-1].created_at.strftime("%Y-%m-%d %H:%M")
         tag = " [RAW]" if raw else ""
         entry = (
-            f"\n## [{stamp}]{tag} {len(rows)} messages #{first_id}-#{last_id}\n{marker}\n\n"
-            f"{conversation}\n"
+            f"\n## [{stamp}]{tag} {len(rows)} messages #{first_id}-#{last_id}\n"
+            f"<!-- batch {first_id}-{last_id} -->\n\n{conversation}\n"
         )
-        folder = self.folder(job.session_id)
-        # Even a raw batch rewrites MEMORY.md: an earlier attempt may have written
-        # an answer whose commit then failed, and disk must match the database.
-        if memory:
-            atomic_write(folder / "MEMORY.md", memory)
-        else:
-            (folder / "MEMORY.md").unlink(missing_ok=True)
-        _append_once(folder / "HISTORY.md", marker, entry)
-        committed = self.backup.run(
-            self._commit_plan(job, cursor, last_id, first_id, memory, entry, raw)
+        return self._write_and_commit(job, cursor, (first_id, last_id, memory, entry, raw))
+
+    def _write_and_commit(
+        self, job: Job, cursor: int, batch: tuple[int, int, str, str, bool] | None
+    ) -> bool:
+        """Write the files, then commit; or, with no ``batch``, check the files and finish.
+
+        Runs under the root's file lock and only while the job is still this
+        claim's, so a stale runner never writes over the new owner's files, and a
+        session forgotten meanwhile (its jobs are deleted first) gets none back.
+        """
+        with self._files_locked():
+            state = self.backup.run(self._hold_plan(job), write=True)
+            if state is None:  # claimed again by another worker, or forgotten: hands off
+                logger.warning(
+                    "consolidation job %d of session %r is no longer this worker's; "
+                    "leaving it to its new owner",
+                    job.id,
+                    job.session_id,
+                )
+                return False
+            stored_cursor, stored_memory, last = state
+            if stored_cursor != cursor:  # the batch read is stale: read again
+                self.queue.release([job])
+                return False
+            folder = self.folder(job.session_id)
+            if batch is None:  # nothing to consolidate: leave the files as committed
+                self._write_files(job.session_id, stored_memory, last, "")
+                self.queue.done([job])
+                return True
+            first_id, last_id, memory, entry, raw = batch
+            self._write_files(job.session_id, memory, last, entry)
+            committed = self.backup.run(
+                self._commit_plan(job, cursor, last_id, first_id, memory, entry, raw), write=True
+            )
+            if not committed:  # another worker took the job over: files back to the database
+                _, stored_memory, last = self.backup.run(self._state_plan(job.session_id))
+                self._write_files(job.session_id, stored_memory, last, "")
+                with _disk(folder):
+                    if folder.is_dir() and not any(folder.iterdir()):
+                        folder.rmdir()  # its first batch: no folder before it
+            return committed
+
+    def _files_locked(self) -> AbstractContextManager[None]:
+        """The root's lock (threads and processes): one writer of its files at a time."""
+        return _root_locked(self.root)
+
+    def _write_files(self, session_id: str, memory: str, last: str | None, new: str) -> None:
+        """MEMORY.md := ``memory``; HISTORY.md := committed entries (newest ``last``) + ``new``."""
+        folder = self.folder(session_id)
+        with _disk(folder):
+            path = folder / "MEMORY.md"
+            if memory:
+                try:
+                    same = path.read_text(encoding="utf-8") == memory
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    atomic_write(path, memory)
+            else:
+                path.unlink(missing_ok=True)
+            if last is None and not new and not folder.exists():
+                return
+            folder.mkdir(parents=True, exist_ok=True)
+            write_history(
+                folder / "HISTORY.md", last, lambda: self.history_entries(session_id), new
+            )
+
+    def _state_plan(self, session_id: str) -> Plan[tuple[int | None, str, str | None]]:
+        """The session's cursor (``None`` before its first batch), MEMORY.md and newest entry."""
+        c, h = self.tables.consolidation.c, self.tables.history_log.c
+        state = yield select(c.cursor, c.memory_md).where(c.session_id == session_id)
+        row = state.first()
+        newest = yield (
+            select(h.entry).where(h.session_id == session_id).order_by(h.first_id.desc()).limit(1)
         )
-        if not committed:  # the session was forgotten meanwhile: leave no file behind
-            shutil.rmtree(folder, ignore_errors=True)
+        last = newest.scalar()
+        return (row.cursor, row.memory_md, last) if row else (None, "", last)
+
+    def _hold_plan(self, job: Job) -> Plan[tuple[int, str, str | None] | None]:
+        """Renew the job's lease; ``None`` if it is no longer this claim's, else the state."""
+        held = yield from self.queue._renew_plan([job])
+        if job.id not in held:
+            return None
+        cursor, memory, last = yield from self._state_plan(job.session_id)
+        return cursor or 0, memory, last
 
     def _commit_plan(
         self,
@@ -329,9 +476,9 @@ class MemoryConsolidator(QueueWorker):
 
         c, h, j = self.tables.consolidation, self.tables.history_log, self.tables.jobs
         now = utcnow()
-        gone = yield delete(j).where(j.c.id == job.id)
+        gone = yield delete(j).where(held_by(j, [job]))
         if gone.rowcount == 0:
-            return False  # forgotten meanwhile
+            return False  # claimed again by another worker, or forgotten: commit nothing
         exists = yield select(c.c.cursor).where(c.c.session_id == job.session_id)
         if exists.first() is None:
             yield insert(c).values(
@@ -374,11 +521,18 @@ class MemoryConsolidator(QueueWorker):
 
 
 def _remove_folders(root: Path, session_ids: Sequence[str]) -> None:
-    """Remove the sessions' folders: MEMORY.md, HISTORY.md and a killed writer's ``.tmp``."""
-    for session_id in session_ids:
-        folder = root / safe_filename(session_id)
-        if folder.is_dir():
-            shutil.rmtree(folder)
+    """Remove the sessions' folders: MEMORY.md, HISTORY.md and a killed writer's ``.tmp``.
+
+    Under the files' lock: a runner that still held a job of these sessions finishes
+    its write first (their jobs are gone, so no runner starts one).
+    """
+    if not root.is_dir():
+        return
+    with _root_locked(root):
+        for session_id in session_ids:
+            folder = root / safe_filename(session_id)
+            if folder.is_dir():
+                shutil.rmtree(folder)
 
 
 def erase_from_record(locator: dict[str, Any]) -> ForgetHook:
@@ -392,3 +546,28 @@ def erase_from_record(locator: dict[str, Any]) -> ForgetHook:
 
 
 register_eraser("consolidation", erase_from_record)
+
+
+@contextmanager
+def _root_locked(root: Path) -> Iterator[None]:
+    """The root's lock (threads and processes): one writer of its files at a time."""
+    with _disk(root):
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(root / ".lock", "a")  # noqa: SIM115 - closed below
+    with handle:
+        with _disk(root):
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _disk(where: Path) -> Iterator[None]:
+    """Turn an OSError of the files into :class:`FilesUnwritableError`."""
+    try:
+        yield
+    except OSError as exc:
+        msg = f"{where}: {exc}"
+        raise FilesUnwritableError(msg) from exc

@@ -4,6 +4,14 @@ A job row is written in the same transaction as the messages it is about, so a
 crash can never lose it. Workers in any number of processes claim jobs under a
 lease; a session's jobs run in order, one at a time; a job that fails waits with
 exponential backoff. Finished jobs are deleted, so the table stays small.
+
+Leases cannot expire under a live worker: :class:`QueueWorker` renews the leases
+of the batch it is running every third of a lease. Should a worker stall past
+its lease anyway (a frozen process, a database outage longer than the lease),
+another one may claim the job again; each claim writes a new random
+``lease_token`` into the row, and every statement that finishes a job (a tier's
+commit, :meth:`JobQueue.done`, ``retry``, ``release``) matches that token
+(:func:`held_by`), so the stale runner's commit changes nothing.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Table, and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy import Table, and_, delete, exists, false, func, insert, or_, select, update
 
 # Re-exported: the checks live in _validation; consolidation and long_memory import them here.
 from langchain_tiered_memory._validation import (  # noqa: F401
@@ -56,6 +65,23 @@ class Job:
     user_id: str | None
     last_message_id: int
     attempts: int
+    #: The claim's lease token: the job is still this claim's while its row holds it.
+    token: str = ""
+
+
+def held_by(jobs: Table, claimed: Sequence[Job]) -> Any:
+    """WHERE clause: the rows of ``claimed`` that still carry their claim's token.
+
+    A tier's commit deletes its jobs with it, so a runner whose lease was taken
+    over (or whose jobs were forgotten) commits nothing.
+    """
+    by_token: dict[str, list[int]] = {}
+    for job in claimed:
+        by_token.setdefault(job.token, []).append(job.id)
+    return or_(
+        false(),
+        *(and_(jobs.c.id.in_(ids), jobs.c.lease_token == token) for token, ids in by_token.items()),
+    )
 
 
 def enqueue_statement(
@@ -217,10 +243,17 @@ class JobQueue:
         rows = result.all()
         if not rows:
             return []
+        # A new token per claim fences off whoever held these jobs before.
+        token = uuid.uuid4().hex
         yield (
             update(j)
             .where(j.c.id.in_([row.id for row in rows]))
-            .values(state="running", worker=self.worker_id, lease_until=now + self.lease)
+            .values(
+                state="running",
+                worker=self.worker_id,
+                lease_until=now + self.lease,
+                lease_token=token,
+            )
         )
         return [
             Job(
@@ -230,35 +263,45 @@ class JobQueue:
                 user_id=row.user_id,
                 last_message_id=row.last_message_id,
                 attempts=row.attempts,
+                token=token,
             )
             for row in rows
         ]
 
-    def _done_plan(self, job_ids: Sequence[int]) -> Plan[None]:
-        yield delete(self.jobs).where(self.jobs.c.id.in_(list(job_ids)))
+    def _done_plan(self, jobs: Sequence[Job]) -> Plan[None]:
+        yield delete(self.jobs).where(held_by(self.jobs, jobs))
 
-    def _release_plan(self, job_ids: Sequence[int]) -> Plan[None]:
+    def _release_plan(self, jobs: Sequence[Job]) -> Plan[None]:
         yield (
             update(self.jobs)
-            .where(self.jobs.c.id.in_(list(job_ids)), self.jobs.c.worker == self.worker_id)
-            .values(state="pending", worker=None, lease_until=None)
+            .where(held_by(self.jobs, jobs))
+            .values(state="pending", worker=None, lease_until=None, lease_token=None)
         )
 
-    def _retry_plan(self, job: Job, error: str, delay: float) -> Plan[None]:
+    def _retry_plan(self, job: Job, error: str, delay: float, count: bool) -> Plan[None]:
         from langchain_tiered_memory.archive import utcnow
 
         yield (
             update(self.jobs)
-            .where(self.jobs.c.id == job.id)
+            .where(held_by(self.jobs, [job]))
             .values(
                 state="pending",
-                attempts=self.jobs.c.attempts + 1,
+                attempts=self.jobs.c.attempts + (1 if count else 0),
                 not_before=utcnow() + timedelta(seconds=delay),
                 worker=None,
                 lease_until=None,
+                lease_token=None,
                 last_error=error[:MAX_ERROR_CHARS],
             )
         )
+
+    def _renew_plan(self, jobs: Sequence[Job]) -> Plan[set[int]]:
+        from langchain_tiered_memory.archive import utcnow
+
+        held = and_(held_by(self.jobs, jobs), self.jobs.c.state == "running")
+        yield update(self.jobs).where(held).values(lease_until=utcnow() + self.lease)
+        result = yield select(self.jobs.c.id).where(held)
+        return set(result.scalars())
 
     def _reclaim_plan(self) -> Plan[int]:
         """Hand back the jobs of dead processes on this host, without waiting out the lease."""
@@ -276,7 +319,7 @@ class JobQueue:
         done = yield (
             update(j)
             .where(j.c.state == "running", j.c.worker.in_(dead))
-            .values(state="pending", worker=None, lease_until=None)
+            .values(state="pending", worker=None, lease_until=None, lease_token=None)
         )
         return int(done.rowcount)
 
@@ -299,19 +342,39 @@ class JobQueue:
         """
         return self.backup.run(self._claim_plan(limit), write=True)
 
-    def done(self, job_ids: Sequence[int]) -> None:
-        """Delete finished jobs."""
-        if job_ids:
-            self.backup.run(self._done_plan(job_ids), write=True)
+    def done(self, jobs: Sequence[Job]) -> None:
+        """Delete finished jobs (those still held by their claim)."""
+        if jobs:
+            self.backup.run(self._done_plan(jobs), write=True)
 
-    def release(self, job_ids: Sequence[int]) -> None:
+    def release(self, jobs: Sequence[Job]) -> None:
         """Give claimed jobs back untouched (they run later, in order)."""
-        if job_ids:
-            self.backup.run(self._release_plan(job_ids), write=True)
+        if jobs:
+            self.backup.run(self._release_plan(jobs), write=True)
 
-    def retry(self, job: Job, error: str, delay: float) -> None:
-        """Count a failed attempt and make the job wait ``delay`` seconds."""
-        self.backup.run(self._retry_plan(job, error, delay), write=True)
+    def retry(self, job: Job, error: str, delay: float, *, count: bool = True) -> None:
+        """Make a failed job wait ``delay`` seconds.
+
+        Args:
+            job: The job, as claimed (a job claimed since by another worker is
+                left alone).
+            error: What went wrong, kept in the row.
+            delay: Seconds before the job may run again.
+            count: Count the failure as an attempt (``max_attempts`` of the LLM);
+                ``False`` for failures that are not the LLM's, such as a full disk.
+        """
+        self.backup.run(self._retry_plan(job, error, delay, count), write=True)
+
+    def renew(self, jobs: Sequence[Job]) -> set[int]:
+        """Extend the lease of claimed jobs; returns the ids still held by their claim.
+
+        A job missing from the answer was claimed by another worker after its
+        lease ran out, or deleted (finished elsewhere, or forgotten): its runner
+        must leave it alone.
+        """
+        if not jobs:
+            return set()
+        return self.backup.run(self._renew_plan(jobs), write=True)
 
     def reclaim_dead(self) -> int:
         """Re-drive jobs whose worker process on this host has died."""
@@ -342,6 +405,9 @@ class QueueWorker:
         self.queue = queue
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         self.batch_size = check_int("batch_size", batch_size)
+        #: Seconds between lease renewals of the running batch (a third of the
+        #: lease, at least 50 ms); ``None`` renews nothing (tests of a stale worker).
+        self.heartbeat_interval: float | None = max(queue.lease.total_seconds() / 3, 0.05)
         self._work_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -413,9 +479,41 @@ class QueueWorker:
                 jobs = self.queue.claim(self.batch_size)
                 if not jobs:
                     break
-                finished += self._process(jobs)
+                with self._heartbeat(jobs):
+                    finished += self._process(jobs)
             batches += 1
         return finished
+
+    @contextmanager
+    def _heartbeat(self, jobs: Sequence[Job]) -> Iterator[None]:
+        """Renew the leases of ``jobs`` while the block runs.
+
+        A daemon thread renews every :attr:`heartbeat_interval` seconds, so a
+        batch that takes longer than the lease (slow LLM calls) is not claimed a
+        second time. A failed renewal (a database outage) is logged and tried
+        again at the next beat; the thread stops with the block, without waiting
+        for a renewal in flight.
+        """
+        interval = self.heartbeat_interval
+        if not interval:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.queue.renew(jobs)
+                except Exception as exc:
+                    logger.warning("could not renew the leases of %d jobs: %s", len(jobs), exc)
+
+        threading.Thread(
+            target=beat, name=f"tiered-memory-{type(self).__name__}-heartbeat", daemon=True
+        ).start()
+        try:
+            yield
+        finally:
+            stop.set()
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued job of this worker's kinds is processed.

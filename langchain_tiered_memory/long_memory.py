@@ -63,6 +63,7 @@ from langchain_tiered_memory.jobs import (
     check_int,
     check_number,
     check_seconds,
+    held_by,
 )
 from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse
 
@@ -414,9 +415,8 @@ class ChromaLongMemory(QueueWorker):
                     context=self._context(before),
                 )
             )
-        self.queue.release(skipped)
-        self._store(fresh, empty)
-        return len(fresh) + len(empty)
+        self.queue.release([job for job in jobs if job.id in skipped])
+        return self._store(fresh, empty)
 
     def _context(self, before: Sequence[_Row]) -> str | None:
         messages = [r.message for r in before if role_of(r.message) in ("human", "ai")]
@@ -454,7 +454,13 @@ class ChromaLongMemory(QueueWorker):
             logger.info("extraction attempt %d failed (%s); retry in %.1fs", attempt, error, delay)
         self.queue.retry(job, error, delay)
 
-    def _store(self, fresh: list[_Memory], empty: list[Job]) -> None:
+    def _store(self, fresh: list[_Memory], empty: list[Job]) -> int:
+        """Write and commit a batch's memories; returns how many jobs it finished."""
+        # Renew the leases right before writing: a job another worker claimed after
+        # our lease ran out is its business now, not ours to write.
+        held = self.queue.renew([m.job for m in fresh] + empty)
+        fresh = [m for m in fresh if m.job.id in held]
+        empty = [job for job in empty if job.id in held]
         merges: dict[str, list[int]] = {}
         new: list[_Memory] = []
         if fresh:
@@ -475,13 +481,13 @@ class ChromaLongMemory(QueueWorker):
                 documents=[m.text for m in new],
                 metadatas=[self._metadata(m) for m in new],
             )
-        vanished = self.backup.run(
+        refused = self.backup.run(
             self._commit_plan(new, merges, [m.job for m in fresh] + empty), write=True
         )
-        if vanished:  # forgotten while we worked: leave no trace in Chroma
-            self.collection.delete(ids=[m.id for m in new if m.job.id in vanished])
+        self._settle_vectors(fresh, new, refused)
         if merges:
             self._refresh_provenance(list(merges))
+        return len(fresh) + len(empty) - len(refused)
 
     def _duplicates(self, fresh: Sequence[_Memory]) -> dict[str, str]:
         """Map each new memory that repeats one of its session to the one it repeats.
@@ -538,18 +544,66 @@ class ChromaLongMemory(QueueWorker):
             "content_hash": memory.content_hash,
         }
 
+    def _settle_vectors(
+        self, fresh: Sequence[_Memory], new: Sequence[_Memory], refused: set[int]
+    ) -> None:
+        """Make Chroma agree with the catalog for the memories of a batch.
+
+        A memory merged into another one has no catalog row, and its job is gone
+        with our commit, so nobody will ever commit it: a vector an earlier,
+        interrupted run wrote for it is dropped. A memory whose commit was refused
+        (its job was claimed again after our lease ran out, or forgotten) is decided
+        by what the database holds, never by the missing job row alone: a catalog
+        row (the new owner's commit) is written back over our vector; no catalog
+        row and no job means no commit can come, so our vector goes; a job still
+        queued belongs to its new owner, who writes or drops that vector itself.
+        """
+        written = {m.id for m in new}
+        dropped = [m.id for m in fresh if m.id not in written and m.job.id not in refused]
+        mine = [m for m in new if m.job.id in refused]
+        if mine:
+            c, j = self.memories.c, self.backup.tables.jobs.c
+
+            def plan() -> Plan[tuple[list[Any], set[int]]]:
+                rows = yield select(self.memories).where(c.id.in_([m.id for m in mine]))
+                queued = yield select(j.id).where(j.id.in_([m.job.id for m in mine]))
+                return rows.all(), set(queued.scalars())
+
+            rows, queued = self.backup.run(plan())
+            if rows:
+                self.collection.upsert(
+                    ids=[row.id for row in rows],
+                    embeddings=[
+                        _from_bytes(row.vector).tolist()
+                        if row.vector is not None
+                        else self.embedding.embed_documents([row.text])[0]
+                        for row in rows
+                    ],
+                    documents=[row.text for row in rows],
+                    metadatas=[_row_metadata(row) for row in rows],
+                )
+            stored = {row.id for row in rows}
+            dropped += [m.id for m in mine if m.id not in stored and m.job.id not in queued]
+        if dropped:
+            self.collection.delete(ids=dropped)
+
     def _commit_plan(
         self, new: Sequence[_Memory], merges: dict[str, list[int]], jobs: Sequence[Job]
     ) -> Plan[set[int]]:
+        """Record the batch and delete its jobs; returns the jobs whose commit was refused.
+
+        A job is deleted only while it still carries our claim's token (``held_by``):
+        one claimed again by another worker, or forgotten, commits nothing.
+        """
         j, c = self.backup.tables.jobs, self.memories.c
-        vanished: set[int] = set()
+        refused: set[int] = set()
         for job in jobs:
-            result = yield delete(j).where(j.c.id == job.id)
+            result = yield delete(j).where(held_by(j, [job]))
             if result.rowcount == 0:
-                vanished.add(job.id)
+                refused.add(job.id)
         now = utcnow()
         for memory in new:
-            if memory.job.id in vanished:
+            if memory.job.id in refused:
                 continue
             yield insert(self.memories).values(
                 id=memory.id,
@@ -574,7 +628,7 @@ class ChromaLongMemory(QueueWorker):
                     .where(c.id == memory_id)
                     .values(source_ids=json.dumps(merged))
                 )
-        return vanished
+        return refused
 
     def _refresh_provenance(self, memory_ids: Sequence[str]) -> None:
         c = self.memories.c

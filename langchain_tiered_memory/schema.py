@@ -12,6 +12,8 @@ forgets that could not reach every store yet.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -20,6 +22,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Engine,
     Index,
     Integer,
     LargeBinary,
@@ -28,8 +31,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    inspect,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.schema import CreateColumn
+
+logger = logging.getLogger(__name__)
 
 #: MySQL's (and MariaDB's) limit on the length of a table, index or constraint name.
 MAX_IDENTIFIER = 64
@@ -125,6 +133,9 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("not_before", _timestamp(), nullable=False),
         Column("lease_until", _timestamp(), nullable=True),
         Column("worker", String(128), nullable=True),
+        # A new random token per claim: a worker's commit, done, retry or release
+        # counts only while the row still carries its token (see jobs.JobQueue).
+        Column("lease_token", String(64), nullable=True),
         Column("last_error", Text, nullable=True),
         Column("created_at", _timestamp(), nullable=False),
         Index(f"ix_{name}_jobs_state_id", "state", "id"),
@@ -243,3 +254,48 @@ def max_table_name_length() -> int:
     probe = "x"
     longest = max(map(len, derived_identifiers(build_tables(MetaData(), probe))))
     return MAX_IDENTIFIER - (longest - len(probe))
+
+
+def ensure_columns(engine: Engine, tables: Iterable[Table]) -> list[str]:
+    """Add the nullable columns that existing tables lack (idempotent).
+
+    ``create_all`` creates missing tables but never alters an existing one, so a
+    database made by an earlier version lacks the columns added since. Several
+    processes may start at once: a column another one has just added counts as
+    present.
+
+    Args:
+        engine: The database.
+        tables: The tables as this version defines them.
+
+    Returns:
+        ``table.column`` of every column added.
+
+    Raises:
+        RuntimeError: If a missing column is NOT NULL (it cannot be added to rows
+            that already exist without a migration of their data).
+    """
+    added: list[str] = []
+    quote = engine.dialect.identifier_preparer
+    inspector = inspect(engine)  # one for all tables: it caches what it read
+    for table in tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            if not column.nullable:
+                msg = f"{table.name} lacks the NOT NULL column {column.name}: migrate it by hand"
+                raise RuntimeError(msg)
+            ddl = CreateColumn(column).compile(dialect=engine.dialect)
+            statement = f"ALTER TABLE {quote.format_table(table)} ADD COLUMN {ddl}"
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(statement)
+            except SQLAlchemyError:
+                columns = inspect(engine).get_columns(table.name)
+                if column.name not in {c["name"] for c in columns}:
+                    raise
+                continue  # another process added it first
+            logger.info("added the column %s.%s", table.name, column.name)
+            added.append(f"{table.name}.{column.name}")
+    return added
