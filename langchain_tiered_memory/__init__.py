@@ -9,6 +9,7 @@ from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
     MySQLBackup,
     SessionInfo,
+    SessionOwnershipError,
 )
 from langchain_tiered_memory.compression import ContextCompressor, ContextOverflowError
 from langchain_tiered_memory.consolidation import MemoryConsolidator
@@ -52,6 +53,7 @@ __all__ = [
     "TieredMemoryMiddleware",
     "SessionFileArchive",
     "SessionInfo",
+    "SessionOwnershipError",
     "TieredChatMessageHistory",
     "create_tiered_chain",
     "estimate_tokens",

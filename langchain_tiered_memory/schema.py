@@ -4,8 +4,9 @@
 ``<name>_jobs`` the durable work queue, ``<name>_memories`` the catalog of long-term
 memories (Chroma holds their vectors and is rebuilt from it), ``<name>_locks`` the
 rows that serialise queue claims across processes, ``<name>_consolidation`` each
-session's MEMORY.md and consolidation cursor, and ``<name>_history_log`` the
-consolidated batches (HISTORY.md).
+session's MEMORY.md and consolidation cursor, ``<name>_history_log`` the
+consolidated batches (HISTORY.md), and ``<name>_sessions`` each session's owner (the
+user of its first write, for good) and the row that serialises its writes.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Tables:
     locks: Table
     consolidation: Table
     history_log: Table
+    sessions: Table
 
 
 def build_tables(metadata: MetaData, name: str) -> Tables:
@@ -164,6 +166,15 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         **_MYSQL,
         **_GROWING,
     )
+    sessions = Table(
+        f"{name}_sessions",
+        metadata,
+        Column("session_id", _ident(), primary_key=True),
+        # NULL: a session created without a user, which stays user-less.
+        Column("user_id", _ident(), nullable=True),
+        Column("created_at", _timestamp(), nullable=False),
+        **_MYSQL,
+    )
     return Tables(
         messages=messages,
         parts=parts,
@@ -172,4 +183,5 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         locks=locks,
         consolidation=consolidation,
         history_log=history_log,
+        sessions=sessions,
     )
