@@ -10,6 +10,7 @@ from langchain_tiered_memory.archive import (
     ForgetIncompleteError,
     MySQLBackup,
     SessionInfo,
+    SessionOwnershipError,
 )
 from langchain_tiered_memory.compression import ContextCompressor, ContextOverflowError
 from langchain_tiered_memory.consolidation import MemoryConsolidator
@@ -54,6 +55,7 @@ __all__ = [
     "TieredMemoryMiddleware",
     "SessionFileArchive",
     "SessionInfo",
+    "SessionOwnershipError",
     "TieredChatMessageHistory",
     "create_tiered_chain",
     "estimate_tokens",

@@ -34,8 +34,12 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    literal,
     select,
+    union_all,
 )
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -188,6 +192,28 @@ def find_eraser(
                 if kind not in _ERASERS:
                     raise
     return _ERASERS.get(kind)
+
+
+class SessionOwnershipError(PermissionError):
+    """A session was used by a user it does not belong to; nothing was read or written.
+
+    A session belongs, for good, to the ``user_id`` of its first write (``None`` for
+    a session created without a user). Writes must carry that ``user_id``; reads
+    that carry a ``user_id`` must name it (reads without one are not checked).
+
+    Attributes:
+        session_id: The session.
+        user_id: The user who was refused (the owner is not disclosed).
+    """
+
+    def __init__(self, session_id: str, user_id: str | None) -> None:
+        self.session_id = session_id
+        self.user_id = user_id
+        if user_id is None:
+            msg = f"session {session_id!r} belongs to a user: pass its user_id"
+        else:
+            msg = f"session {session_id!r} does not belong to user {user_id!r}"
+        super().__init__(msg)
 
 
 @dataclass(frozen=True)
@@ -455,6 +481,87 @@ class MySQLBackup:
 
     # -- plans ----------------------------------------------------------------
 
+    def _known_owner_plan(self, session_id: str) -> Plan[tuple[bool, str | None]]:
+        """``(known, owner)`` of a session that has no row in the sessions table.
+
+        Sessions written before that table existed take the user of their first
+        message (or, once cleared, of their MEMORY.md or memories). One round trip.
+        """
+        tables = self.tables
+        firsts = [
+            select(literal(rank).label("rank"), table.c.user_id)
+            .where(table.c.session_id == session_id)
+            .order_by(order)
+            .limit(1)
+            .subquery()
+            for rank, (table, order) in enumerate(
+                (
+                    (tables.messages, tables.messages.c.id),
+                    (tables.consolidation, tables.consolidation.c.session_id),
+                    (tables.memories, tables.memories.c.seq),
+                )
+            )
+        ]
+        found = union_all(*(select(first) for first in firsts)).subquery()
+        result = yield select(found.c.user_id).order_by(found.c.rank).limit(1)
+        row = result.first()
+        return (True, row.user_id) if row is not None else (False, None)
+
+    def _owner_check_plan(
+        self, session_id: str, user_id: str | None, write: bool = False
+    ) -> Plan[None]:
+        """Refuse ``user_id`` a session that is not theirs.
+
+        A read without a user is not checked; a ``write`` check asks what a write
+        would: that ``user_id`` is exactly the owner (``None`` included).
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user or to none.
+        """
+        if user_id is None and not write:
+            return
+        s = self.tables.sessions
+        result = yield select(s.c.user_id).where(s.c.session_id == session_id)
+        row = result.first()
+        if row is not None:
+            known, owner = True, row.user_id
+        else:
+            known, owner = yield from self._known_owner_plan(session_id)
+        if known and owner != user_id:
+            raise SessionOwnershipError(session_id, user_id)
+
+    def _bind_owner_plan(self, session_id: str, user_id: str | None) -> Plan[None]:
+        """Lock the session's row for this write, binding its owner on the first one.
+
+        The row lock (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` locks
+        the whole database) makes writers of one session take turns, so each batch
+        gets consecutive ids: a tool call is never separated from its result.
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user, or to a
+                user while ``user_id`` is ``None``, or to none while it is not.
+        """
+        s = self.tables.sessions
+        locked = select(s.c.user_id).where(s.c.session_id == session_id).with_for_update()
+        row = (yield locked).first()
+        if row is None:
+            known, owner = yield from self._known_owner_plan(session_id)
+            values = {
+                "session_id": session_id,
+                "user_id": owner if known else user_id,
+                "created_at": utcnow(),
+            }
+            if self.dialect == "sqlite":
+                yield sqlite_insert(s).values(values).on_conflict_do_nothing()
+            else:
+                # A racing first write may have inserted it: keep theirs. (Not INSERT
+                # IGNORE: its shared lock would deadlock with the FOR UPDATE below.)
+                statement = mysql_insert(s).values(values)
+                yield statement.on_duplicate_key_update(user_id=s.c.user_id)
+            row = (yield locked).one()
+        if row.user_id != user_id:
+            raise SessionOwnershipError(session_id, user_id)
+
     def _add_plan(
         self,
         session_id: str,
@@ -463,6 +570,7 @@ class MySQLBackup:
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
     ) -> Plan[list[int]]:
+        yield from self._bind_owner_plan(session_id, user_id)
         now = utcnow()
         ids: list[int] = []
         for message in messages:
@@ -505,7 +613,10 @@ class MySQLBackup:
         payloads = [json.loads(row.message + "".join(extra.get(row.id, ()))) for row in rows]
         return messages_from_dict(payloads)
 
-    def _tail_plan(self, session_id: str, turns: int) -> Plan[list[BaseMessage]]:
+    def _tail_plan(
+        self, session_id: str, turns: int, user_id: str | None = None
+    ) -> Plan[list[BaseMessage]]:
+        yield from self._owner_check_plan(session_id, user_id)
         # Two steps, so that MySQL can range-scan (session_id, id) from the start.
         t = self.table
         start = yield (
@@ -523,7 +634,8 @@ class MySQLBackup:
         )
         return (yield from self._load_plan(result.all()))
 
-    def _all_plan(self, session_id: str) -> Plan[list[BaseMessage]]:
+    def _all_plan(self, session_id: str, user_id: str | None = None) -> Plan[list[BaseMessage]]:
+        yield from self._owner_check_plan(session_id, user_id)
         t = self.table
         result = yield (
             select(t.c.id, t.c.message, t.c.parts)
@@ -533,8 +645,9 @@ class MySQLBackup:
         return (yield from self._load_plan(result.all()))
 
     def _history_plan(
-        self, session_id: str, before_id: int | None, limit: int
+        self, session_id: str, before_id: int | None, limit: int, user_id: str | None = None
     ) -> Plan[list[ArchivedMessage]]:
+        yield from self._owner_check_plan(session_id, user_id)
         t = self.table
         query = select(t).where(t.c.session_id == session_id)
         if before_id is not None:
@@ -662,10 +775,15 @@ class MySQLBackup:
     ) -> list[int]:
         """Archive a batch of messages in one transaction.
 
+        The first write of a session binds it to its ``user_id`` (or to no user)
+        for good; writers of one session take turns, so a batch's ids are
+        consecutive (a tool call stays next to its result).
+
         Args:
             session_id: The conversation the messages belong to.
             messages: The messages, in order.
-            user_id: The user who owns the session, if known.
+            user_id: The user who owns the session (``None``: a session without
+                a user).
             jobs: Kinds of background jobs (``"extract"``, ``"consolidate"``) to
                 queue, in the same transaction, for the batch's last message.
             consolidate_after: Also queue a ``consolidate`` job when the session
@@ -675,13 +793,17 @@ class MySQLBackup:
             The archive ids of the new rows, in order.
 
         Raises:
+            SessionOwnershipError: If the session belongs to another user (or to
+                none, or to one while ``user_id`` is ``None``); nothing is stored.
             ArchiveUnavailableError: If the database cannot be reached; nothing of
                 the batch is stored then.
 
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
-        return self.run(self._add_plan(session_id, messages, user_id, jobs, consolidate_after))
+        return self.run(
+            self._add_plan(session_id, messages, user_id, jobs, consolidate_after), write=True
+        )
 
     async def aadd_messages(
         self,
@@ -696,29 +818,77 @@ class MySQLBackup:
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
         return await self.arun(
-            self._add_plan(session_id, messages, user_id, jobs, consolidate_after)
+            self._add_plan(session_id, messages, user_id, jobs, consolidate_after), write=True
         )
 
-    def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns (a turn starts at a human message)."""
-        return self.run(
-            self._tail_plan(validate_id(session_id), check_int("turns", turns)), read_only=True
-        )
+    def check_owner(self, session_id: str, user_id: str | None, *, write: bool = False) -> None:
+        """Refuse ``user_id`` access to a session that is not theirs.
 
-    async def atail(self, session_id: str, turns: int) -> list[BaseMessage]:
+        A session with no message yet belongs to no one and passes. A read with
+        ``user_id=None`` (an administrator's) always passes.
+
+        Args:
+            session_id: The session.
+            user_id: The user.
+            write: Check as for a write: ``user_id`` must be the owner exactly,
+                ``None`` for a session without a user. Lets a caller that will
+                write refuse before it does any work.
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user, or was
+                created without a user (or, with ``write``, to a user while
+                ``user_id`` is ``None``).
+        """
+        plan = self._owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
+        self.run(plan, read_only=True)
+
+    async def acheck_owner(
+        self, session_id: str, user_id: str | None, *, write: bool = False
+    ) -> None:
+        """Async :meth:`check_owner`."""
+        plan = self._owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
+        await self.arun(plan, read_only=True)
+
+    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns (a turn starts at a human message).
+
+        Raises:
+            SessionOwnershipError: If ``user_id`` is given and the session is not
+                theirs (see :meth:`check_owner`).
+        """
+        plan = self._tail_plan(
+            validate_id(session_id), check_int("turns", turns), validate_optional_id(user_id)
+        )
+        return self.run(plan, read_only=True)
+
+    async def atail(
+        self, session_id: str, turns: int, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
         """Async :meth:`tail`."""
-        return await self.arun(self._tail_plan(validate_id(session_id), check_int("turns", turns)))
+        plan = self._tail_plan(
+            validate_id(session_id), check_int("turns", turns), validate_optional_id(user_id)
+        )
+        return await self.arun(plan)
 
-    def get_messages(self, session_id: str) -> list[BaseMessage]:
-        """Every archived message of a session, oldest first."""
-        return self.run(self._all_plan(validate_id(session_id)), read_only=True)
+    def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
+        """Every archived message of a session, oldest first (``user_id``: as :meth:`tail`)."""
+        plan = self._all_plan(validate_id(session_id), validate_optional_id(user_id))
+        return self.run(plan, read_only=True)
 
-    async def aget_messages(self, session_id: str) -> list[BaseMessage]:
+    async def aget_messages(
+        self, session_id: str, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
         """Async :meth:`get_messages`."""
-        return await self.arun(self._all_plan(validate_id(session_id)), read_only=True)
+        plan = self._all_plan(validate_id(session_id), validate_optional_id(user_id))
+        return await self.arun(plan, read_only=True)
 
     def history(
-        self, session_id: str, before_id: int | None = None, limit: int = 50
+        self,
+        session_id: str,
+        before_id: int | None = None,
+        limit: int = 50,
+        *,
+        user_id: str | None = None,
     ) -> list[ArchivedMessage]:
         """One page of a session's archive, oldest first, for a front end or an audit.
 
@@ -727,6 +897,7 @@ class MySQLBackup:
             before_id: Only messages with a smaller id (pass the ``id`` of the first
                 message of the previous page to go back in time).
             limit: At most this many messages: the newest ones before ``before_id``.
+            user_id: The reading user, checked as in :meth:`check_owner`.
 
         Raises:
             TypeError: If ``before_id`` or ``limit`` is not an int.
@@ -734,13 +905,26 @@ class MySQLBackup:
                 in ``[1, 10**9]``.
 
         """
-        return self.run(self._history_plan(*validate_page(session_id, before_id, limit)))
+        return self.run(
+            self._history_plan(
+                *validate_page(session_id, before_id, limit), validate_optional_id(user_id)
+            )
+        )
 
     async def ahistory(
-        self, session_id: str, before_id: int | None = None, limit: int = 50
+        self,
+        session_id: str,
+        before_id: int | None = None,
+        limit: int = 50,
+        *,
+        user_id: str | None = None,
     ) -> list[ArchivedMessage]:
         """Async :meth:`history`."""
-        return await self.arun(self._history_plan(*validate_page(session_id, before_id, limit)))
+        return await self.arun(
+            self._history_plan(
+                *validate_page(session_id, before_id, limit), validate_optional_id(user_id)
+            )
+        )
 
     def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
         """Sessions with their message counts and last activity, most recent first."""
@@ -750,13 +934,27 @@ class MySQLBackup:
         """Async :meth:`sessions`."""
         return await self.arun(self._sessions_plan(validate_optional_id(user_id)))
 
-    def clear(self, session_id: str) -> int:
-        """Delete a session's messages from the archive; returns how many."""
-        return self.run(self._delete_plan(validate_id(session_id), None))
+    def _clear_plan(self, session_id: str, user_id: str | None) -> Plan[int]:
+        yield from self._owner_check_plan(session_id, user_id)
+        return (yield from self._delete_plan(session_id, None))
 
-    async def aclear(self, session_id: str) -> int:
+    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """Delete a session's messages from the archive; returns how many.
+
+        The session keeps its owner (its MEMORY.md and memories are kept too; use
+        :meth:`forget` to remove everything).
+
+        Raises:
+            SessionOwnershipError: If ``user_id`` is given and the session is not
+                theirs.
+        """
+        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
+        return self.run(plan)
+
+    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
         """Async :meth:`clear`."""
-        return await self.arun(self._delete_plan(validate_id(session_id), None))
+        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
+        return await self.arun(plan)
 
     def on_forget(self, hook: ForgetHook) -> None:
         """Register a cleanup for :meth:`forget` in this process only.

@@ -42,7 +42,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory._validation import check_int
-from langchain_tiered_memory.archive import MySQLBackup
+from langchain_tiered_memory.archive import MySQLBackup, SessionOwnershipError
 from langchain_tiered_memory.compression import ContextCompressor
 from langchain_tiered_memory.finish_reason import FinishReasonHandler, _as_ai
 from langchain_tiered_memory.history import TieredChatMessageHistory, resolve_backup
@@ -269,7 +269,8 @@ class TieredChain(Runnable[Any, AIMessage]):
         return question, history
 
     def _failed(self, tier: str, exc: Exception) -> None:
-        if self.retrieval_errors == "raise":
+        # A refused session is the caller's error, never a tier to answer without.
+        if self.retrieval_errors == "raise" or isinstance(exc, SessionOwnershipError):
             raise exc
         # Logged every time (operators), and a warning (visible in development and
         # filterable by category); the answer goes on without this tier.
@@ -396,6 +397,8 @@ class TieredChain(Runnable[Any, AIMessage]):
         self, input: Any, config: RunnableConfig
     ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
         question, history = self._start(input, config)
+        # The turn will be archived: refuse another user's session before any work.
+        history.check_owner(write=True)
         messages = self.assemble(question, self._context(question, history, config))
         return question, history, self.compressor.invoke(messages, config)
 
@@ -403,6 +406,7 @@ class TieredChain(Runnable[Any, AIMessage]):
         self, input: Any, config: RunnableConfig
     ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
         question, history = self._start(input, config)
+        await history.acheck_owner(write=True)
         messages = self.assemble(question, await self._acontext(question, history, config))
         return question, history, await self.compressor.ainvoke(messages, config)
 

@@ -215,7 +215,11 @@ class TieredMemory(BaseChatMemory):
         summary; here that means the archived messages, the session's long-term
         memories, its MEMORY.md and pending jobs (``backup.forget``). Memories of
         the user's other sessions are kept.
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user.
         """
+        self.history.check_owner()
         self.history.backup.forget(session_id=self.history.session_id)
 
     async def aclear(self) -> None:

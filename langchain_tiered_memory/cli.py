@@ -47,6 +47,7 @@ from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
     MySQLBackup,
     Plan,
+    SessionOwnershipError,
 )
 
 if TYPE_CHECKING:
@@ -100,7 +101,15 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-_KNOWN = (CliError, ValueError, TypeError, ArchiveUnavailableError, ImportError, TimeoutError)
+_KNOWN = (
+    CliError,
+    ValueError,
+    TypeError,
+    ArchiveUnavailableError,
+    SessionOwnershipError,
+    ImportError,
+    TimeoutError,
+)
 
 
 def friendly_errors(command: Callable[P, R]) -> Callable[P, R]:
@@ -543,7 +552,11 @@ def search(
     ] = Scope.session,
     user: Annotated[
         str | None,
-        typer.Option("--user", help="The user (default: the session's owner).", show_default=False),
+        typer.Option(
+            "--user",
+            help="The user (default: the session's owner); refused if not the owner.",
+            show_default=False,
+        ),
     ] = None,
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
     chars: Annotated[
@@ -560,7 +573,9 @@ def search(
     with open_store(url, home, chroma_host, chroma_port, collection, table) as store:
         backup = store.backup()
         _, _, owner = _require_session(backup, session)
-        user_id = validate_optional_id(user, "user") or owner
+        user_id = validate_optional_id(user, "user")
+        backup.check_owner(session, user_id)  # another user's session: refused
+        user_id = user_id or owner
         if scope is Scope.user and user_id is None:
             msg = f"--scope user needs --user: session {session!r} has no user"
             raise CliError(msg)

@@ -40,7 +40,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory._validation import safe_filename, validate_id
+from langchain_tiered_memory._validation import safe_filename, validate_id, validate_optional_id
 from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
     ForgetHook,
@@ -258,12 +258,23 @@ class MemoryConsolidator(QueueWorker):
         """The session's folder under ``root`` (a safe name, never outside it)."""
         return self.root / safe_filename(validate_id(session_id))
 
-    def memory(self, session_id: str) -> str:
-        """The session's MEMORY.md (from the database; empty before the first run)."""
+    def memory(self, session_id: str, *, user_id: str | None = None) -> str:
+        """The session's MEMORY.md (from the database; empty before the first run).
+
+        Args:
+            session_id: The session.
+            user_id: The reading user; ``None`` reads without a check.
+
+        Raises:
+            SessionOwnershipError: If ``user_id`` is given and the session is not
+                theirs.
+        """
         c = self.tables.consolidation.c
         session_id = validate_id(session_id)
+        user_id = validate_optional_id(user_id)
 
         def plan() -> Plan[str]:
+            yield from self.backup._owner_check_plan(session_id, user_id)
             result = yield select(c.memory_md).where(c.session_id == session_id)
             return result.scalar() or ""
 

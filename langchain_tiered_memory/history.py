@@ -97,9 +97,17 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
     archive is the source of truth, so a new instance or a new process shows the
     same window.
 
+    A session belongs to the user of its first write, for good (``None``: to no
+    user). A history whose ``user_id`` is not the session's owner reads and writes
+    nothing: every method raises
+    :class:`~langchain_tiered_memory.SessionOwnershipError`. A history without a
+    ``user_id`` may read any session (an administrator's view) but write only a
+    session without a user.
+
     Args:
         session_id: The conversation. Untrusted input is fine: it is validated.
-        user_id: The user who owns the session, if known.
+        user_id: The user who owns the session (``None`` for a session without
+            a user).
         backup: The archive; ``None`` means a SQLite file under
             ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``). A URL string is
             accepted as a shortcut for ``MySQLBackup(url)``; a
@@ -168,17 +176,39 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         """The window, oldest first."""
-        return self._window(self.backup.tail(self.session_id, self.window_turns))
+        tail = self.backup.tail(self.session_id, self.window_turns, user_id=self.user_id)
+        return self._window(tail)
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async read of the window, oldest first."""
-        return self._window(await self.backup.atail(self.session_id, self.window_turns))
+        tail = await self.backup.atail(self.session_id, self.window_turns, user_id=self.user_id)
+        return self._window(tail)
+
+    def check_owner(self, *, write: bool = False) -> None:
+        """Raise if this history's user may not use its session (see the class docs).
+
+        Args:
+            write: Check as for a write (a history without a ``user_id`` may read
+                a user's session but not write it): for callers that will write
+                and want to refuse before doing any work.
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user.
+        """
+        self.backup.check_owner(self.session_id, self.user_id, write=write)
+
+    async def acheck_owner(self, *, write: bool = False) -> None:
+        """Async :meth:`check_owner`."""
+        await self.backup.acheck_owner(self.session_id, self.user_id, write=write)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Archive messages; returns only once they are durably stored.
 
         Raises:
             TypeError: If an element is not a ``BaseMessage``.
+            SessionOwnershipError: If the session belongs to another user (or to
+                none while this history has a ``user_id``, or to one while it has
+                none); nothing is stored.
             ArchiveUnavailableError: If the archive cannot be reached.
 
         """
@@ -220,8 +250,14 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def consolidated_memory(self) -> str:
-        """The session's MEMORY.md ("" without a consolidator or before its first run)."""
-        return self.consolidator.memory(self.session_id) if self.consolidator else ""
+        """The session's MEMORY.md ("" without a consolidator or before its first run).
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user.
+        """
+        if self.consolidator is None:
+            return ""
+        return self.consolidator.memory(self.session_id, user_id=self.user_id)
 
     def search_memories(
         self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"
@@ -231,22 +267,24 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         Raises:
             ValueError: If no ``long_memory`` was given, or ``scope="user"`` without
                 a ``user_id``.
+            SessionOwnershipError: If the session belongs to another user.
         """
         if self.long_memory is None:
             msg = "search_memories needs a long_memory (ChromaLongMemory)"
             raise ValueError(msg)
+        self.check_owner()
         return self.long_memory.search(
             query, session_id=self.session_id, user_id=self.user_id, scope=scope, k=k
         )
 
     def clear(self) -> None:
-        """Delete this session's messages from the archive."""
-        self.backup.clear(self.session_id)
+        """Delete this session's messages from the archive (it keeps its owner)."""
+        self.backup.clear(self.session_id, user_id=self.user_id)
 
     async def aclear(self) -> None:
         """Async :meth:`clear`."""
-        await self.backup.aclear(self.session_id)
+        await self.backup.aclear(self.session_id, user_id=self.user_id)
 
     def all_messages(self) -> list[BaseMessage]:
         """Every archived message of the session, not just the window."""
-        return self.backup.get_messages(self.session_id)
+        return self.backup.get_messages(self.session_id, user_id=self.user_id)

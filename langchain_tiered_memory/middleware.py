@@ -279,6 +279,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     # -- before each model call -------------------------------------------------
 
     def _context(self, history: TieredChatMessageHistory, query: str | None) -> str:
+        # Before the first model call, not only when the run is archived: another
+        # user's session is refused before anything is sent or read.
+        history.check_owner(write=True)
         memories: list[Document] = []
         if self.long_memory is not None and query is not None:
             memories = history.search_memories(query, k=self.k, scope=self.scope)
@@ -388,7 +391,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         history = self.history(runtime)
         fresh, ids = self._unarchived(state)
         if fresh:
-            tail = self.backup.tail(history.session_id, self._tail_turns(fresh))
+            tail = self.backup.tail(
+                history.session_id, self._tail_turns(fresh), user_id=history.user_id
+            )
             fresh = self._drop_known(fresh, tail)
         if fresh:
             history.add_messages(fresh)
@@ -404,7 +409,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         history = self.history(runtime)
         fresh, ids = self._unarchived(state)
         if fresh:
-            tail = await self.backup.atail(history.session_id, self._tail_turns(fresh))
+            tail = await self.backup.atail(
+                history.session_id, self._tail_turns(fresh), user_id=history.user_id
+            )
             fresh = self._drop_known(fresh, tail)
         if fresh:
             await history.aadd_messages(fresh)

@@ -6,8 +6,9 @@ memories (Chroma holds their vectors and is rebuilt from it), ``<name>_locks`` t
 rows that serialise queue claims across processes, ``<name>_consolidation`` each
 session's MEMORY.md and consolidation cursor, ``<name>_history_log`` the
 consolidated batches (HISTORY.md), ``<name>_tiers`` the stores that derived tiers
-keep data in (so ``forget`` reaches them from any process) and ``<name>_forgets`` the
-forgets that could not reach every store yet.
+keep data in (so ``forget`` reaches them from any process), ``<name>_forgets`` the
+forgets that could not reach every store yet, and ``<name>_sessions`` each session's
+owner (the user of its first write, for good) and the row that serialises its writes.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Tables:
 
         Each has ``session_id`` and ``user_id`` columns; this is the one list of them.
         """
-        return (self.jobs, self.memories, self.consolidation, self.history_log)
+        return (self.jobs, self.memories, self.consolidation, self.history_log, self.sessions)
 
     def whole_session(self) -> tuple[Table, ...]:
         """Those of :meth:`scoped` whose rows summarise all of a session's messages.
@@ -93,6 +94,8 @@ class Tables:
         are rebuilt from the messages that are left.
         """
         return (self.consolidation, self.history_log)
+
+    sessions: Table
 
 
 def build_tables(metadata: MetaData, name: str) -> Tables:
@@ -221,6 +224,15 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         **_MYSQL,
         **_GROWING,
     )
+    sessions = Table(
+        f"{name}_sessions",
+        metadata,
+        Column("session_id", _ident(), primary_key=True),
+        # NULL: a session created without a user, which stays user-less.
+        Column("user_id", _ident(), nullable=True),
+        Column("created_at", _timestamp(), nullable=False),
+        **_MYSQL,
+    )
     return Tables(
         messages=messages,
         parts=parts,
@@ -231,6 +243,7 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         history_log=history_log,
         tiers=tiers,
         forgets=forgets,
+        sessions=sessions,
     )
 
 

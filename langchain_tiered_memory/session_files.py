@@ -33,11 +33,13 @@ from langchain_tiered_memory._validation import (
     safe_filename,
     validate_batch,
     validate_id,
+    validate_optional_id,
     validate_page,
 )
 from langchain_tiered_memory.archive import (
     ArchivedMessage,
     SessionInfo,
+    SessionOwnershipError,
     default_home,
     role_of,
     utcnow,
@@ -79,6 +81,9 @@ class SessionFileArchive:
     the messages that user wrote, in every session they ever wrote to (a session
     shared with another user keeps that user's messages), and the temporary files
     of killed writers, which may hold anyone's unacknowledged messages.
+
+    Sessions belong to the user of their first write, as in
+    :class:`~langchain_tiered_memory.MySQLBackup` (the meta file keeps the owner).
 
     Args:
         root: The folder; default ``$TIERED_MEMORY_HOME/sessions``.
@@ -127,6 +132,31 @@ class SessionFileArchive:
         except FileNotFoundError:
             return None
 
+    def check_owner(self, session_id: str, user_id: str | None, *, write: bool = False) -> None:
+        """Refuse ``user_id`` access to a session that is not theirs.
+
+        As :meth:`MySQLBackup.check_owner
+        <langchain_tiered_memory.MySQLBackup.check_owner>`: a read without a user
+        passes; ``write`` asks that ``user_id`` be the owner exactly.
+
+        Raises:
+            SessionOwnershipError: If the session belongs to another user, or was
+                created without a user.
+        """
+        session_id = validate_id(session_id)
+        user_id = validate_optional_id(user_id)
+        if user_id is None and not write:
+            return
+        meta = self._meta(session_id)
+        if meta is not None and meta.get("user_id") != user_id:
+            raise SessionOwnershipError(session_id, user_id)
+
+    async def acheck_owner(
+        self, session_id: str, user_id: str | None, *, write: bool = False
+    ) -> None:
+        """:meth:`check_owner`."""
+        self.check_owner(session_id, user_id, write=write)
+
     def add_messages(
         self,
         session_id: str,
@@ -140,6 +170,8 @@ class SessionFileArchive:
 
         Raises:
             ValueError: If background jobs are requested (they need a database).
+            SessionOwnershipError: If the session belongs to another user (or to
+                none, or to one while ``user_id`` is ``None``); nothing is stored.
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         if jobs or consolidate_after is not None:
@@ -159,8 +191,11 @@ class SessionFileArchive:
                 for m in messages
             )
             previous = self._meta(session_id)
+            if previous is not None and previous.get("user_id") != user_id:
+                raise SessionOwnershipError(session_id, user_id)
+            # The first write binds the owner, for good.
             meta = dict(previous or {"session_id": session_id, "created_at": now})
-            meta.update(user_id=user_id or meta.get("user_id"), last_active=now)
+            meta.update(user_id=user_id, last_active=now)
             # Every writer, not only the last: a user's forget must find the session.
             meta["users"] = sorted(_users(previous) | ({user_id} if user_id else set()))
             meta["message_count"] = len(stored)
@@ -207,28 +242,39 @@ class SessionFileArchive:
             session_id, messages, user_id=user_id, jobs=jobs, consolidate_after=consolidate_after
         )
 
-    def get_messages(self, session_id: str) -> list[BaseMessage]:
-        """Every message of the session, oldest first."""
+    def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
+        """Every message of the session, oldest first (``user_id``: :meth:`check_owner`)."""
+        self.check_owner(session_id, user_id)
         return messages_from_dict([item["data"] for item in self._read(session_id)])
 
-    async def aget_messages(self, session_id: str) -> list[BaseMessage]:
+    async def aget_messages(
+        self, session_id: str, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
         """:meth:`get_messages`."""
-        return self.get_messages(session_id)
+        return self.get_messages(session_id, user_id=user_id)
 
-    def tail(self, session_id: str, turns: int) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns."""
+    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns (``user_id``: :meth:`check_owner`)."""
         turns = check_int("turns", turns)
+        self.check_owner(session_id, user_id)
         stored = self._read(session_id)
         humans = [i for i, item in enumerate(stored) if item["role"] == "human"]
         start = humans[-turns] if len(humans) >= turns else 0
         return messages_from_dict([item["data"] for item in stored[start:]])
 
-    async def atail(self, session_id: str, turns: int) -> list[BaseMessage]:
+    async def atail(
+        self, session_id: str, turns: int, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
         """:meth:`tail`."""
-        return self.tail(session_id, turns)
+        return self.tail(session_id, turns, user_id=user_id)
 
     def history(
-        self, session_id: str, before_id: int | None = None, limit: int = 50
+        self,
+        session_id: str,
+        before_id: int | None = None,
+        limit: int = 50,
+        *,
+        user_id: str | None = None,
     ) -> list[ArchivedMessage]:
         """One page of the session, oldest first (ids are 1-based positions).
 
@@ -237,6 +283,7 @@ class SessionFileArchive:
                 <langchain_tiered_memory.archive.MySQLBackup.history>`.
         """
         session_id, before_id, limit = validate_page(session_id, before_id, limit)
+        self.check_owner(session_id, user_id)
         meta = self._meta(session_id) or {}
         stored = self._read(session_id)
         end = len(stored) if before_id is None else max(0, min(before_id - 1, len(stored)))
@@ -277,14 +324,20 @@ class SessionFileArchive:
             )
         return sorted(infos, key=lambda info: info.last_active, reverse=True)
 
-    def clear(self, session_id: str) -> int:
-        """Delete the session's files; returns how many messages they held."""
+    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """Delete the session's files; returns how many messages they held.
+
+        Raises:
+            SessionOwnershipError: If ``user_id`` is given and the session is not
+                theirs.
+        """
         with self._locked():
+            self.check_owner(session_id, user_id)
             return self._remove(session_id, None)
 
-    async def aclear(self, session_id: str) -> int:
+    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
         """:meth:`clear`."""
-        return self.clear(session_id)
+        return self.clear(session_id, user_id=user_id)
 
     def _remove(self, session_id: str, user_id: str | None) -> int:
         """Remove a session, or one user's messages of it (under the lock)."""

@@ -36,6 +36,7 @@ from langchain_tiered_memory import (
     KnowledgeBase,
     MemoryConsolidator,
     MySQLBackup,
+    SessionOwnershipError,
     TieredChatMessageHistory,
     create_tiered_chain,
 )
@@ -619,3 +620,55 @@ async def test_astream_events_reports_every_step(
     assert "LongMemoryRetriever" in seen["on_retriever_start"]
     assert "ScriptedChatModel" in seen["on_chat_model_stream"]  # tokens reach a front end
     assert texts(await backup.aget_messages("s")) == ["hi", "hello there friend"]
+
+
+# -- a session belongs to its user ----------------------------------------------------
+
+
+@pytest.mark.usefixtures("abackup")
+@pytest.mark.parametrize("mode", ["invoke", "stream", "ainvoke", "astream"])
+async def test_another_users_session_is_refused_before_the_llm(
+    backup: MySQLBackup, make_memory: MakeMemory, tmp_path: Path, mode: str
+) -> None:
+    memory = make_memory()
+    consolidator = MemoryConsolidator(
+        model("- alice's cat is Miso"),
+        root=tmp_path / "memory",
+        backup=backup,
+        threshold=1,
+        batch=1,
+        start_worker=False,
+    )
+    try:
+        llm = model("Miso, your cat.")
+        chat = create_tiered_chain(
+            llm, backup=backup, long_memory=memory, consolidator=consolidator
+        )
+        chat.invoke("My cat is Miso.", config("s", "alice"))
+        memory.run_pending()
+        consolidator.run_pending()
+        before = archived(backup, "s")
+        calls = len(llm.prompts)
+
+        question = "What is my cat called?"
+        for user in ("bob", None):  # None: a call without a user cannot write here
+            # A failing MEMORY.md read would only warn: a refusal must not.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RetrievalFailedWarning)
+                with pytest.raises(SessionOwnershipError):
+                    if mode == "invoke":
+                        chat.invoke(question, config("s", user))
+                    elif mode == "stream":
+                        list(chat.stream(question, config("s", user)))
+                    elif mode == "ainvoke":
+                        await chat.ainvoke(question, config("s", user))
+                    else:
+                        [chunk async for chunk in chat.astream(question, config("s", user))]
+        assert len(llm.prompts) == calls  # nothing of alice's was sent anywhere
+        assert archived(backup, "s") == before
+        # Bob's own session works, and alice goes on in hers.
+        chat.invoke("hello", config("bob-s", "bob"))
+        chat.invoke(question, config("s", "alice"))
+        assert "Miso" in system_text(llm.prompts[-1])
+    finally:
+        consolidator.close()

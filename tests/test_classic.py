@@ -18,7 +18,12 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 
-from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, TieredMemory
+from langchain_tiered_memory import (
+    MySQLBackup,
+    SessionOwnershipError,
+    TieredChatMessageHistory,
+    TieredMemory,
+)
 from langchain_tiered_memory.consolidation import MemoryConsolidator
 from langchain_tiered_memory.long_memory import ChromaLongMemory
 
@@ -310,3 +315,57 @@ def test_hostile_session_ids_never_reach_the_chain(
         TieredMemory(history=TieredChatMessageHistory(bad, backup=backup))
     assert model.prompts == []
     assert backup.sessions() == []
+
+
+# -- a session belongs to its user ----------------------------------------------------
+
+
+async def test_another_users_memory_reads_writes_and_clears_nothing(
+    backup: MySQLBackup, make_memory: MakeMemory, tmp_path: Path
+) -> None:
+    long_memory = make_memory()
+    consolidator = MemoryConsolidator(
+        RecordingChatModel(messages=replies("- the cat is Miso")),
+        root=tmp_path / "memory",
+        backup=backup,
+        threshold=1,
+        batch=1,
+        start_worker=False,
+    )
+    try:
+
+        def memory(user_id: str) -> TieredMemory:
+            history = TieredChatMessageHistory(
+                "s1",
+                user_id=user_id,
+                backup=backup,
+                long_memory=long_memory,
+                consolidator=consolidator,
+            )
+            return TieredMemory(history=history)
+
+        memory("alice").save_context({"input": FACT}, {"response": "Noted!"})
+        long_memory.run_pending()
+        consolidator.run_pending()
+        bob = memory("bob")
+        for action in (
+            lambda: bob.load_memory_variables({"input": QUESTION}),
+            lambda: bob.buffer,
+            lambda: bob.save_context({"input": "mine now"}, {"response": "OK"}),
+            bob.clear,
+        ):
+            with pytest.raises(SessionOwnershipError):
+                action()
+        with pytest.raises(SessionOwnershipError):
+            await bob.aload_memory_variables({"input": QUESTION})
+        with pytest.raises(SessionOwnershipError):
+            await bob.asave_context({"input": "mine now"}, {"response": "OK"})
+        with pytest.raises(SessionOwnershipError):
+            await bob.aclear()
+        # Alice's session is whole in every tier.
+        assert backup.get_messages("s1") == [HumanMessage(FACT), AIMessage("Noted!")]
+        assert long_memory.search("cat", session_id="s1")
+        assert "Miso" in consolidator.memory("s1")
+    finally:
+        consolidator.close()
+        await backup.adispose()

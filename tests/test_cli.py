@@ -213,7 +213,17 @@ def test_search_session_and_user_scope(seeded: MySQLBackup) -> None:
 def test_search_user_scope_needs_a_user(seeded: MySQLBackup) -> None:
     assert "--scope user needs --user" in fails("search", "anon-1", "hello", "--scope", "user")
     assert "hi there" in ok("search", "anon-1", "hello")
-    assert "hi there" not in ok("search", "anon-1", "hello", "--scope", "user", "--user", "carol")
+    # A session without a user is nobody's: naming a user for it is refused.
+    refused = fails("search", "anon-1", "hello", "--scope", "user", "--user", "carol")
+    assert "session 'anon-1' does not belong to user 'carol'" in refused
+
+
+def test_search_refuses_a_user_who_does_not_own_the_session(seeded: MySQLBackup) -> None:
+    for scope in ("session", "user"):
+        refused = fails("search", "ar-1", "overdue", "--scope", scope, "--user", "bob")
+        assert refused == "error: session 'ar-1' does not belong to user 'bob'"
+    assert "overdue means status open" in ok("search", "ar-1", "overdue", "--user", "alice")
+    assert "BX-77" in ok("search", "bob-1", "budget code", "--user", "bob")
 
 
 def test_export_jsonl_round_trips(seeded: MySQLBackup) -> None:

@@ -24,6 +24,7 @@ from langchain_tiered_memory import (
     ContextCompressor,
     ContextOverflowError,
     MySQLBackup,
+    SessionOwnershipError,
     TieredChatMessageHistory,
     TieredMemoryMiddleware,
 )
@@ -499,3 +500,36 @@ def test_constructor_checks(backup: MySQLBackup, make_memory: MakeMemory, tmp_pa
     # Without backup=, the long-term memory's archive is used.
     long_memory = make_memory()
     assert TieredMemoryMiddleware(long_memory=long_memory).backup is backup
+
+
+# -- a session belongs to its user ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_another_users_run_is_refused_before_the_model(
+    backup: MySQLBackup, make_memory: MakeMemory, mode: str
+) -> None:
+    model = script(call("A-1", "c1"), "A-1 has 12 units.", "never", "never")
+    agent = create_agent(
+        model,
+        [stock_level],
+        middleware=[TieredMemoryMiddleware(backup=backup, long_memory=make_memory())],
+        context_schema=Context,
+    )
+    agent.invoke(ask("Stock of A-1?"), thread("s1"), context=Context("s1", "alice"))
+    before, calls = backup.get_messages("s1"), len(model.prompts)
+    tool_runs.clear()
+
+    for user in ("bob", None):  # None: a run without a user cannot archive here
+        with pytest.raises(SessionOwnershipError):
+            if mode == "sync":
+                agent.invoke(ask("Stock of A-1?"), thread(f"t-{user}"), context=Context("s1", user))
+            else:
+                await agent.ainvoke(
+                    ask("Stock of A-1?"), thread(f"t-{user}"), context=Context("s1", user)
+                )
+    assert len(model.prompts) == calls  # no model call, no tool run
+    assert tool_runs == []
+    assert backup.get_messages("s1") == before
+    if mode == "async":
+        await backup.adispose()

@@ -35,6 +35,7 @@ from langchain_tiered_memory import (
     MemoryConsolidator,
     MySQLBackup,
     SessionFileArchive,
+    SessionOwnershipError,
     TieredChatMessageHistory,
 )
 from langchain_tiered_memory._validation import safe_filename
@@ -218,10 +219,10 @@ def test_a_failing_fsync_leaves_the_previous_file_whole(
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="Input/output"):
-        files.add_messages("s", turn(3))
+        files.add_messages("s", turn(3), user_id="u")
     monkeypatch.undo()
     _assert_unchanged(files, tmp_path, snapshot, before)
-    files.add_messages("s", turn(3))  # and the archive works again
+    files.add_messages("s", turn(3), user_id="u")  # and the archive works again
     assert files.get_messages("s") == [*before, *turn(3)]
 
 
@@ -235,7 +236,7 @@ def test_a_failing_rename_leaves_the_previous_file_whole(
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="No space"):
-        files.add_messages("s", turn(3))
+        files.add_messages("s", turn(3), user_id="u")
     monkeypatch.undo()
     _assert_unchanged(files, tmp_path, snapshot, before)
 
@@ -270,7 +271,7 @@ def test_a_write_that_stops_halfway_leaves_the_previous_file_whole(
 
     monkeypatch.setattr(session_files, "open", half_open, raising=False)
     with pytest.raises(OSError, match="No space"):
-        files.add_messages("s", turn(3))
+        files.add_messages("s", turn(3), user_id="u")
     monkeypatch.undo()
     _assert_unchanged(files, tmp_path, snapshot, before)
 
@@ -292,7 +293,7 @@ def test_an_add_that_raises_stores_nothing(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(os, "replace", replace_once)
     with pytest.raises(OSError, match="No space"):
-        files.add_messages("s", turn(3))
+        files.add_messages("s", turn(3), user_id="u")
     monkeypatch.undo()
     stored = files.get_messages("s")
     meta = read_json(files.paths("s")[1])
@@ -699,3 +700,41 @@ def test_two_processes_writing_one_session_lose_nothing(tmp_path: Path) -> None:
         ]
     [info] = files.sessions()
     assert info.message_count == 2 * count
+
+
+# -- 5. a session belongs to its user ---------------------------------------------------
+
+
+async def test_a_session_file_belongs_to_its_first_writer(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("s", turn(1), user_id="alice")
+    files.add_messages("anon", turn(1))
+    snapshot = tree(tmp_path)
+
+    for session, intruder in (("s", "bob"), ("s", None), ("anon", "alice")):
+        with pytest.raises(SessionOwnershipError):
+            files.add_messages(session, turn(2), user_id=intruder)
+        with pytest.raises(SessionOwnershipError):
+            await files.aadd_messages(session, turn(2), user_id=intruder)
+    bob = TieredChatMessageHistory("s", user_id="bob", backup=files)
+    for action in (
+        lambda: bob.messages,
+        bob.all_messages,
+        bob.clear,
+        lambda: files.history("s", user_id="bob"),
+        lambda: files.tail("anon", 1, user_id="alice"),
+    ):
+        with pytest.raises(SessionOwnershipError):
+            action()
+    with pytest.raises(SessionOwnershipError):
+        await bob.aget_messages()
+    assert tree(tmp_path) == snapshot  # not a byte changed
+    assert read_json(files.paths("s")[1])["user_id"] == "alice"
+
+    # The owner, and reads without a user, go on; clear frees the name.
+    files.add_messages("s", turn(2), user_id="alice")
+    assert files.get_messages("s", user_id="alice") == turn(1) + turn(2)
+    assert files.tail("s", 1) == turn(2)
+    files.clear("s", user_id="alice")
+    files.add_messages("s", turn(3), user_id="bob")
+    assert bob.messages == turn(3)

@@ -1,0 +1,130 @@
+"""Concurrent writers of one session, in separate processes, never interleave a batch.
+
+Each process archives 50 batches ``[AIMessage(tool_calls=[...]), ToolMessage(...)...]``
+(one or two calls each) into the same session at the same moment (they start together
+on a signal); one process uses the async driver. In archive order every AI tool call
+must be followed at once by its ToolMessages: a provider rejects a history where
+anything comes in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from langchain_tiered_memory import MySQLBackup
+
+REPO = Path(__file__).resolve().parent.parent
+PROCESSES = 3
+BATCHES = 50
+SESSION = "shared-session"
+USER = "u1"
+
+
+def _batch(process: int, n: int, calls: int = 1) -> list[BaseMessage]:
+    ids = [f"call-{process}-{n}-{j}" for j in range(calls)]
+    return [
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": i} for i in ids]),
+        *(ToolMessage(f"result of {i}", tool_call_id=i) for i in ids),
+    ]
+
+
+def _writer(url: str, table: str, process: int) -> None:
+    """Child process: wait for ``go`` on stdin, then archive the batches."""
+    backup = MySQLBackup(url, table_name=table)
+    backup.add_messages(f"warm-up-{process}", _batch(process, -1), user_id=USER)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    assert sys.stdin.readline().strip() == "go"
+    batches = [_batch(process, n, calls=1 + n % 2) for n in range(BATCHES)]
+    if process == 1:
+
+        async def write() -> None:
+            for batch in batches:
+                await backup.aadd_messages(SESSION, batch, user_id=USER)
+            await backup.adispose()
+
+        asyncio.run(write())
+    else:
+        for batch in batches:
+            backup.add_messages(SESSION, batch, user_id=USER)
+    backup.dispose()
+
+
+def _unanswered(messages: list[BaseMessage]) -> list[str]:
+    """Tool call ids whose ToolMessage does not come right after their AI message."""
+    broken = []
+    for i, message in enumerate(messages):
+        for j, call in enumerate(getattr(message, "tool_calls", None) or ()):
+            following = messages[i + 1 + j] if i + 1 + j < len(messages) else None
+            if not isinstance(following, ToolMessage) or following.tool_call_id != call["id"]:
+                broken.append(call["id"])
+    return broken
+
+
+def test_writer_processes_keep_tool_calls_next_to_their_results(
+    backup: MySQLBackup, backend_url: str, table_name: str
+) -> None:
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, backend_url, table_name, str(process)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for process in range(PROCESSES)
+    ]
+    try:
+        for child in children:  # every writer connected before any writes
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            assert line == "ready\n", child.communicate(timeout=60)[1]
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            _, err = child.communicate(timeout=240)
+            assert child.returncode == 0, err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+    messages = backup.get_messages(SESSION)
+    calls = [c["id"] for m in messages for c in getattr(m, "tool_calls", None) or ()]
+    assert len(calls) == len(set(calls)) == PROCESSES * (BATCHES + BATCHES // 2)
+    assert len(messages) == PROCESSES * BATCHES + len(calls)
+    broken = _unanswered(messages)
+    assert not broken, f"{len(broken)} of {len(calls)} tool calls not followed by their result"
+
+
+_CHILD = (
+    "import sys; from tests.test_reliability_concurrency import _writer; "
+    "_writer(sys.argv[1], sys.argv[2], int(sys.argv[3]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("messages", "broken"),
+    [
+        (_batch(0, 0) + _batch(1, 0, calls=2), []),
+        ([*_batch(0, 0)[:1], *_batch(1, 0), _batch(0, 0)[1]], ["call-0-0-0"]),
+        ([*_batch(0, 0, calls=2)[:2], *_batch(1, 0), _batch(0, 0, calls=2)[2]], ["call-0-0-1"]),
+        (_batch(0, 0)[:1], ["call-0-0-0"]),
+    ],
+)
+def test_the_check_sees_a_separated_tool_call(
+    messages: list[BaseMessage], broken: list[str]
+) -> None:
+    assert _unanswered(messages) == broken
