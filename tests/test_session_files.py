@@ -26,6 +26,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    message_to_dict,
     messages_from_dict,
     messages_to_dict,
 )
@@ -459,7 +460,22 @@ def test_forget_of_a_user_reaches_every_session_they_wrote(tmp_path: Path) -> No
     """Sessions last written by someone else included; only the user's messages go."""
     files = SessionFileArchive(tmp_path)
     files.add_messages("shared", turn(0), user_id="u1")
-    files.add_messages("shared", turn(1), user_id="u2")  # the last writer is u2
+    # A session two users wrote to (before sessions had owners); the last writer is u2.
+    shared, shared_meta = files.paths("shared")
+    data = read_json(shared)
+    data["messages"] += [
+        {
+            "created_at": "2026-01-01T00:00:00",
+            "role": m.type,
+            "user_id": "u2",
+            "data": message_to_dict(m),
+        }
+        for m in turn(1)
+    ]
+    shared.write_text(json.dumps(data), encoding="utf-8")
+    meta = read_json(shared_meta)
+    meta.update(user_id="u2", users=["u1", "u2"], message_count=4)
+    shared_meta.write_text(json.dumps(meta), encoding="utf-8")
     files.add_messages("mine", turn(2), user_id="u1")
     files.add_messages("theirs", turn(3), user_id="u2")
     files.add_messages("legacy", turn(4), user_id="u1")
@@ -517,7 +533,7 @@ def test_forget_removes_what_killed_writers_left_in_temporary_files(tmp_path: Pa
     files.add_messages("shared", turn(0), user_id="u2")
     files.add_messages("theirs", turn(1), user_id="u2")
     for session, user, target in [
-        ("shared", "u1", "messages"),  # its meta renamed, its messages not: both users inside
+        ("fresh2", "u1", "messages"),  # its meta renamed, its messages not
         ("fresh", "u1", "messages"),  # u1's first write to a new session
         ("theirs", "u2", "meta"),  # nothing renamed at all
     ]:
@@ -534,7 +550,8 @@ def test_forget_removes_what_killed_writers_left_in_temporary_files(tmp_path: Pa
     assert not any(b"u1" in content for content in left.values())
     assert files.get_messages("shared") == turn(0)  # u2's session is whole
     assert files.get_messages("theirs") == turn(1)
-    assert not any(p.exists() for p in files.paths("fresh"))
+    for session in ("fresh", "fresh2"):
+        assert not any(p.exists() for p in files.paths(session))
 
     # forget of one session removes its own leftovers (and any killed writer's).
     writer = _run(_KILLED_AT_RENAME, str(tmp_path), "theirs", "u2", "messages")
