@@ -447,3 +447,40 @@ def test_multilingual_e5_uses_the_dense_side_for_chinese(
     # No character in common with the memory: only the dense side can find it.
     [doc] = memory.search("宠物喜欢什么食物", session_id="zh", k=1)
     assert "金枪鱼" in doc.page_content
+
+
+# -- D. the benchmark's completeness check ---------------------------------------------------
+
+
+def test_the_completeness_check_counts_lost_and_capped_messages(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    from sqlalchemy import update
+
+    from benchmarks.bench_complete import Count, verify
+
+    memory = make_memory()
+    chat = history(backup, memory, "check")
+    chat.add_messages([HumanMessage("kept question"), AIMessage("kept answer")])
+    chat.add_messages([HumanMessage("lost question"), AIMessage("lost answer")])
+    chat.add_messages([HumanMessage("x" * 9000), AIMessage("after a huge question")])
+    memory.flush(timeout=30)
+
+    def counted() -> Count:
+        count = Count("test", "hash")
+        verify(backup, memory, ["check"], count)
+        return count
+
+    first = counted()
+    # The huge turn is cut at the memory cap: both its messages count as capped, not lost.
+    assert (first.messages, first.held, first.capped, first.lost_from_sources) == (6, 4, 2, 0)
+    # A memory that no longer holds its turn's text: both its messages are lost.
+    row = next(r for r in catalog(backup, "check") if "lost question" in r.text)
+    memories = backup.tables.memories
+
+    def tamper() -> Any:
+        yield update(memories).where(memories.c.id == row.id).values(text="something else")
+
+    backup.run(tamper())
+    second = counted()
+    assert (second.held, second.lost_from_sources, second.in_no_memory) == (2, 2, 2)
