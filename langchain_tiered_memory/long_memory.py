@@ -176,6 +176,11 @@ class ChromaLongMemory(QueueWorker):
         start_worker: Start the background worker now (it re-drives pending jobs
             left by a crash). With ``False``, call :meth:`run_pending` yourself.
         lease_seconds: How long a claim lasts if its worker vanishes silently.
+        idle_seconds: How long a turn left without an AI answer (a user who states
+            a fact and leaves, people talking among themselves, a crash before
+            the answer) waits for it before it is extracted as it is; the answer,
+            if it comes, is extracted with the whole turn. :meth:`flush` and
+            ``close(drain=True)`` do not wait.
 
     Example:
         .. code-block:: python
@@ -208,6 +213,7 @@ class ChromaLongMemory(QueueWorker):
         dense_weight: float = 0.6,
         start_worker: bool = True,
         lease_seconds: float = 300.0,
+        idle_seconds: float = 300.0,
     ) -> None:
         if language not in (None, "en", "zh"):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
@@ -216,6 +222,7 @@ class ChromaLongMemory(QueueWorker):
         check_int("max_attempts", max_attempts)
         check_seconds("extract_timeout", extract_timeout)
         check_seconds("retry_base_delay", retry_base_delay, zero_ok=True)
+        self.idle_seconds = check_seconds("idle_seconds", idle_seconds, zero_ok=True)
         dense_weight = check_number("dense_weight", dense_weight, 0, 1)
         if not isinstance(collection_name, str):
             msg = f"collection_name must be a str, got {type(collection_name).__name__}"
@@ -328,6 +335,14 @@ class ChromaLongMemory(QueueWorker):
         return getattr(self.embedding, "languages", None)
 
     # -- processing -----------------------------------------------------------
+
+    warm_up_label = "the embedding model"
+
+    def _warm_up(self) -> None:
+        """Load the embedding model in the worker thread, before its first job."""
+        warm_up = getattr(self.embedding, "warm_up", None)
+        if callable(warm_up):
+            warm_up()
 
     def _turn_plan(self, job: Job) -> Plan[tuple[list[_Row], list[_Row]]]:
         """The job's turn and the turn before it (for context), oldest first.

@@ -165,8 +165,12 @@ class SessionFileArchive:
         user_id: str | None = None,
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
+        idle_seconds: float = 0.0,
     ) -> list[int]:
         """Append messages to the session's file; returns their 1-based positions.
+
+        ``idle_seconds`` is accepted for symmetry with ``MySQLBackup`` (it only
+        matters with jobs).
 
         Raises:
             ValueError: If background jobs are requested (they need a database).
@@ -236,10 +240,16 @@ class SessionFileArchive:
         user_id: str | None = None,
         jobs: Sequence[str] = (),
         consolidate_after: int | None = None,
+        idle_seconds: float = 0.0,
     ) -> list[int]:
         """:meth:`add_messages` (local file writes are not worth a thread hop)."""
         return self.add_messages(
-            session_id, messages, user_id=user_id, jobs=jobs, consolidate_after=consolidate_after
+            session_id,
+            messages,
+            user_id=user_id,
+            jobs=jobs,
+            consolidate_after=consolidate_after,
+            idle_seconds=idle_seconds,
         )
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:

@@ -343,21 +343,25 @@ def test_none_answer_stores_nothing_and_completes_the_job(
     assert memory.collection.count() == 0
 
 
-def test_only_completed_turns_queue_a_job(make_memory: MakeMemory, backup: MySQLBackup) -> None:
+def test_an_open_turn_waits_for_its_answer(make_memory: MakeMemory, backup: MySQLBackup) -> None:
     memory = make_memory()
     chat = history(backup, memory, "tools", "u")
+
+    def waiting() -> list[tuple[str, int]]:
+        return [(job.state, job.last_message_id) for job in job_rows(backup)]
+
     chat.add_messages([HumanMessage("What is invoice 42's amount?")])
-    assert memory.queue.depth() == 0
+    assert waiting() == [("delayed", archive_ids(backup, "tools")[-1])]
+    assert memory.run_pending() == 0  # not due: the answer may still come
     call = {"name": "lookup", "args": {"invoice": 42}, "id": "call-1"}
     chat.add_messages([AIMessage("", tool_calls=[call])])
-    assert memory.queue.depth() == 0  # a tool call does not end the turn
+    # A tool call does not end the turn: one delayed job, for the turn so far.
+    assert waiting() == [("delayed", archive_ids(backup, "tools")[-1])]
     chat.add_messages([ToolMessage("amount: 99.50", tool_call_id="call-1")])
-    assert memory.queue.depth() == 0
+    assert waiting() == [("delayed", archive_ids(backup, "tools")[-1])]
     chat.add_messages([AIMessage("Invoice 42 is 99.50.")])
-    assert memory.queue.depth() == 1
-    [job] = job_rows(backup)
     ids = archive_ids(backup, "tools")
-    assert job.last_message_id == ids[-1]
+    assert waiting() == [("pending", ids[-1])]  # the answer's job replaces the delayed one
     memory.run_pending()
     [row] = catalog(backup)
     assert sources(row) == ids  # the tool call and its result are part of the turn
