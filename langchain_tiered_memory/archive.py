@@ -44,7 +44,7 @@ from langchain_tiered_memory._validation import (
     validate_optional_id,
 )
 from langchain_tiered_memory.jobs import backlog_enqueue_plan, enqueue_statement
-from langchain_tiered_memory.schema import build_tables
+from langchain_tiered_memory.schema import build_tables, ensure_columns
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +230,7 @@ class MySQLBackup:
     def create_tables(self) -> None:
         """Create the archive's tables if they do not exist (idempotent)."""
         self._guard(lambda: self.metadata.create_all(self.engine, checkfirst=True))
+        self._guard(lambda: ensure_columns(self.engine, self.tables))
         self.run(self._lock_rows_plan())
 
     def _lock_rows_plan(self) -> Plan[None]:

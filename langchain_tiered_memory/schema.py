@@ -10,13 +10,14 @@ consolidated batches (HISTORY.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Engine,
     Index,
     Integer,
     LargeBinary,
@@ -25,8 +26,10 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    inspect,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import SQLAlchemyError
 
 _MYSQL = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mysql_engine": "InnoDB"}
 # Ids are never reused on SQLite either: cursors and caches rely on them growing.
@@ -117,9 +120,12 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("user_id", _ident(), nullable=True),
         Column("content_hash", String(64), nullable=False),
         Column("text", _long_text(), nullable=False),
-        # The previous turn, indexed for lexical search only: answers often share
-        # their words with the question that came before them.
+        # A raw turn's previous turn, indexed for lexical search (answers often share
+        # their words with the question that came before them) and shown with the
+        # memory; ``context_ids`` are its archive ids (JSON). A row without them
+        # (written by an older version) is searched and shown by its own text only.
         Column("context", Text, nullable=True),
+        Column("context_ids", Text, nullable=True),
         Column("kind", String(16), nullable=False),
         # float32 bytes of the embedding: scoped dense search runs in-process,
         # since Chroma's filtered queries slow down as the collection grows.
@@ -173,3 +179,32 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         consolidation=consolidation,
         history_log=history_log,
     )
+
+
+def ensure_columns(engine: Engine, tables: Tables) -> None:
+    """Add the nullable columns that tables created by an older version lack.
+
+    ``metadata.create_all`` creates missing tables, never missing columns. Two
+    processes may race here: the loser's ``ALTER TABLE`` fails, and the column is
+    there all the same.
+    """
+    for table in (getattr(tables, f.name) for f in fields(tables)):
+        present = _column_names(engine, table)
+        for column in table.columns:
+            if column.name in present or not column.nullable:
+                continue
+            preparer = engine.dialect.identifier_preparer
+            statement = (
+                f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN "
+                f"{preparer.format_column(column)} {column.type.compile(engine.dialect)}"
+            )
+            try:
+                with engine.begin() as connection:
+                    connection.exec_driver_sql(statement)
+            except SQLAlchemyError:
+                if column.name not in _column_names(engine, table):
+                    raise
+
+
+def _column_names(engine: Engine, table: Table) -> set[str]:
+    return {column["name"] for column in inspect(engine).get_columns(table.name)}
