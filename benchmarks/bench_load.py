@@ -266,8 +266,8 @@ def verify(backup: Any, memory: Any, per_session: list[int]) -> Verdict:
         result = yield select(m.c.session_id, m.c.source_ids)
         return result.all()
 
-    # A near-duplicate turn is merged into an existing memory of its session (dedupe),
-    # which then lists both turns' message ids: every archived message must be the
+    # A turn identical to an earlier one is merged into its memory (dedupe), which
+    # then lists both turns' message ids: every archived message must be the
     # source of exactly one memory of its own session.
     covered: dict[str, list[int]] = {}
     for row in backup.run(memory_plan(), read_only=True):

@@ -52,7 +52,7 @@ def cjk_share(text: str) -> float:
 
 
 class BM25Index:
-    """An in-memory Okapi BM25 index with append-only updates.
+    """An in-memory Okapi BM25 index: documents are appended, or removed by id.
 
     Args:
         k1: Term-frequency saturation.
@@ -66,19 +66,38 @@ class BM25Index:
         self.lengths: list[int] = []
         self.postings: dict[str, list[tuple[int, int]]] = {}
         self.total_length = 0
+        self._where: dict[str, int] = {}
+        self._removed = 0
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.ids) - self._removed
 
     def add(self, doc_id: str, text: str) -> None:
-        """Index one document."""
+        """Index one document (one that is already indexed must be removed first)."""
         index = len(self.ids)
         tokens = tokenize(text)
         self.ids.append(doc_id)
+        self._where[doc_id] = index
         self.lengths.append(len(tokens))
         self.total_length += len(tokens)
         for term, count in Counter(tokens).items():
             self.postings.setdefault(term, []).append((index, count))
+
+    def remove(self, doc_id: str, text: str) -> None:
+        """Forget a document; ``text`` is what it was indexed with."""
+        index = self._where.pop(doc_id, None)
+        if index is None:
+            return
+        for term in set(tokenize(text)):
+            # New lists, not edits in place: a search running meanwhile keeps its own.
+            kept = [p for p in self.postings.get(term, ()) if p[0] != index]
+            if kept:
+                self.postings[term] = kept
+            else:
+                self.postings.pop(term, None)
+        self.total_length -= self.lengths[index]
+        self.lengths[index] = 0
+        self._removed += 1
 
     def extend(self, docs: Iterable[tuple[str, str]]) -> None:
         """Index several ``(id, text)`` pairs."""
@@ -87,9 +106,9 @@ class BM25Index:
 
     def search(self, query: str, n: int) -> list[tuple[str, float]]:
         """The ``n`` best ``(id, score)`` pairs for ``query``."""
-        if not self.ids:
+        size = len(self)
+        if not size:
             return []
-        size = len(self.ids)
         average = self.total_length / size or 1.0
         scores: dict[int, float] = {}
         for term, query_count in Counter(tokenize(query)).items():

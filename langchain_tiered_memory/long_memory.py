@@ -7,6 +7,11 @@ memory in the archive's catalog and deletes the job in one transaction. A crash
 anywhere re-drives the job; ids are deterministic, so a re-run overwrites rather
 than duplicates.
 
+Dedupe is decided by text, never by an embedding's similarity: a turn is merged
+only into a memory of its session with the same text (raw) or the same words and
+values (extracted), so every archived message listed by a memory is in its text. A
+turn that grows (another AI message) keeps one memory, replaced by the fuller one.
+
 Read path: dense similarity from Chroma fused with CJK-aware BM25 over the scope's
 catalog; every read and delete carries the scope.
 """
@@ -19,6 +24,8 @@ import logging
 import os
 import re
 import threading
+import unicodedata
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +40,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 
 from langchain_tiered_memory._extras import import_extra
 from langchain_tiered_memory._validation import validate_id
@@ -65,7 +72,7 @@ from langchain_tiered_memory.jobs import (
     check_seconds,
     held_by,
 )
-from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse
+from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse, tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +84,23 @@ CONTEXT_CHARS = 2000
 MEMORY_CHARS = 8000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 TURN_SCAN = 500  # messages looked at to find where a turn starts
+#: Earlier ends of a turn whose raw memory is looked up when the turn grows.
+PREFIXES = 16
+#: Lookups of the batch's ids and content hashes are sent this many at a time.
+LOOKUP_CHUNK = 400
+#: Word overlap (Jaccard, numbers masked) from which two results count as near-duplicates.
+NEAR_DUPLICATE = 0.6
+#: How many of the best results are compared for near-duplicates (pairwise).
+NEAR_POOL = 60
+#: Near-duplicates whose scores are within this share of each other count as tied:
+#: the newest goes first. A query naming one value (an invoice number, the old
+#: price) scores that memory further ahead, and it stays ahead.
+RECENCY_MARGIN = 0.1
+# Numbers (signed, with separators: amounts, dates, times), words, and the symbols that
+# change a value; everything else (punctuation, case, articles) says nothing new.
+_WORDS = re.compile(r"[-+\u2212]?\d(?:[\d.,:/-]*\d)?|[^\W\d_]+|[$€£¥₹%‰]")
+_ARTICLES = frozenset({"a", "an", "the"})
+_LABEL = re.compile(r"^[^:\n]{1,40}: ", re.MULTILINE)
 
 
 @dataclass
@@ -89,7 +113,14 @@ class _Memory:
     turn_at: datetime
     content_hash: str
     context: str | None = None
+    context_ids: list[int] = field(default_factory=list)
     vector: list[float] = field(default_factory=list)
+    #: The archive ids of the turn (``source_ids`` may gain merged turns).
+    turn_ids: list[int] = field(default_factory=list)
+    #: Content hashes of the raw memories of the turn's earlier ends.
+    prefix_hashes: list[str] = field(default_factory=list)
+    #: The turn's memory exists and is replaced by this fuller one.
+    replaces: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,12 +138,21 @@ class _ScopeIndex:
     ids: list[str] = field(default_factory=list)
     vectors: list[bytes | None] = field(default_factory=list)
     _matrix: Any = None
+    _position: dict[str, int] = field(default_factory=dict)
 
     def add(self, rows: Sequence[Any]) -> None:
-        self.bm25.extend((row.id, f"{row.text}\n{row.context or ''}") for row in rows)
-        self.rows.update((row.id, row) for row in rows)
-        self.ids.extend(row.id for row in rows)
-        self.vectors.extend(row.vector for row in rows)
+        """Index rows; a row already indexed (a turn that grew) replaces its old version."""
+        for row in rows:
+            old = self.rows.get(row.id)
+            if old is None:
+                self._position[row.id] = len(self.ids)
+                self.ids.append(row.id)
+                self.vectors.append(row.vector)
+            else:
+                self.bm25.remove(row.id, _shown(old))
+                self.vectors[self._position[row.id]] = row.vector
+            self.bm25.add(row.id, _shown(row))
+            self.rows[row.id] = row
         self._matrix = None
 
     def matrix(self) -> Any:
@@ -122,8 +162,176 @@ class _ScopeIndex:
         return self._matrix
 
 
+@dataclass
+class _Entry:
+    """A catalog row as the batch sees it (``memory`` when the batch writes it)."""
+
+    id: str
+    session_id: str
+    content_hash: str
+    text: str
+    sources: set[int]
+    memory: _Memory | None = None
+
+
+class _Batch:
+    """Where each memory of a batch goes: dedupe decided by text, never by vector.
+
+    Invariant: every turn listed in a memory's ``source_ids`` has its text in that
+    memory's text. A turn is merged only into a memory with the same dedupe key
+    (:func:`_content_hash`); a turn that grew replaces its own memory (keyed by the
+    turn's first message) and takes its ids back from the memories of its earlier
+    ends; every archived message stays the source of exactly one memory.
+    """
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self.by_hash: dict[tuple[str, str], str] = {}
+        self.writes: dict[str, _Memory] = {}
+        #: Stored memories' source ids to add and to remove.
+        self.provenance: dict[str, tuple[set[int], set[int]]] = {}
+        for row in rows:
+            self.entries[row.id] = _Entry(
+                row.id, row.session_id, row.content_hash, row.text, set(json.loads(row.source_ids))
+            )
+            self.by_hash[(row.session_id, row.content_hash)] = row.id
+
+    def _lookup(self, session_id: str, content_hash: str) -> _Entry | None:
+        found = self.by_hash.get((session_id, content_hash))
+        return None if found is None else self.entries[found]
+
+    def _same(self, memory: _Memory) -> _Entry | None:
+        """A memory of the session that says the same thing (legacy hashes re-checked)."""
+        session_id = memory.job.session_id
+        for key in (memory.content_hash, _legacy_hash(memory.text)):
+            entry = self._lookup(session_id, key)
+            if entry is not None and _content_hash(entry.text, memory.kind) == memory.content_hash:
+                return entry
+        return None
+
+    def place(self, memory: _Memory) -> None:
+        session_id = memory.job.session_id
+        turn = set(memory.turn_ids)
+        own = self.entries.get(memory.id)
+        if own is not None and turn <= own.sources:
+            return  # a re-run: this turn is stored as it is already
+        earlier = {
+            entry.id: entry
+            for key in memory.prefix_hashes
+            if (entry := self._lookup(session_id, key)) is not None and entry.id != memory.id
+        }
+        placed = set().union(*(e.sources & turn for e in (own, *earlier.values()) if e))
+        same = self._same(memory)
+        if same is not None:  # the same text: it lists the turn's ids not listed yet
+            self._change(same, added=turn - placed)
+            return
+        grown = own is None or own.sources <= turn or _spaced(own.text) in _spaced(memory.text)
+        if not grown:
+            # The turn's memory also stands for other turns its new text no longer
+            # holds: keep it, and store the rest of the turn beside it.
+            ends = (str(memory.turn_ids[0]), str(memory.job.last_message_id))
+            memory.id = _hash(session_id, *ends)[:32]
+            memory.source_ids = sorted(turn - placed)
+            own = None
+        else:
+            memory.source_ids = sorted(turn | (own.sources if own else set()))
+            for entry in earlier.values():
+                self._change(entry, removed=turn)
+        self._write(memory, own)
+
+    def _write(self, memory: _Memory, own: _Entry | None) -> None:
+        session_id = memory.job.session_id
+        if own is not None:
+            memory.replaces = own.memory.replaces if own.memory else True
+            if self.by_hash.get((session_id, own.content_hash)) == own.id:
+                del self.by_hash[(session_id, own.content_hash)]
+            self.provenance.pop(own.id, None)  # the new row carries the sources
+        self.entries[memory.id] = _Entry(
+            memory.id,
+            session_id,
+            memory.content_hash,
+            memory.text,
+            set(memory.source_ids),
+            memory,
+        )
+        self.by_hash[(session_id, memory.content_hash)] = memory.id
+        self.writes[memory.id] = memory
+
+    def _change(
+        self, entry: _Entry, added: set[int] | None = None, removed: set[int] | None = None
+    ) -> None:
+        added = (added or set()) - entry.sources
+        removed = (removed or set()) & entry.sources
+        if removed == entry.sources | added:
+            removed = set()  # a memory never loses its last source
+        if not added and not removed:
+            return
+        entry.sources = (entry.sources | added) - removed
+        if entry.memory is not None:
+            entry.memory.source_ids = sorted(entry.sources)
+            return
+        to_add, to_remove = self.provenance.setdefault(entry.id, (set(), set()))
+        to_add.difference_update(removed)
+        to_add.update(added)
+        to_remove.difference_update(added)
+        to_remove.update(removed)
+
+
 def _hash(*parts: str) -> str:
     return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _context_ids(row: Any) -> list[int] | None:
+    """The archive ids of a memory's context; ``None`` when it shows none.
+
+    Rows written by an older version have a context but not its ids: they are
+    searched and shown by their own text only.
+    """
+    ids = getattr(row, "context_ids", None)
+    return None if row.context is None or ids is None else json.loads(ids)
+
+
+def _shown(row: Any) -> str:
+    """What a search result shows of a memory, and what BM25 indexes: the same text.
+
+    The turn before (``context``) comes first, so a hit earned by the previous
+    turn's words shows those words (and lists their ids in ``context_ids``).
+    """
+    return str(row.text) if _context_ids(row) is None else f"{row.context}\n{row.text}"
+
+
+def _spaced(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _words(text: str) -> list[str]:
+    """The words of a text: case, punctuation and articles ignored, numbers kept as written."""
+    words = []
+    for token in _WORDS.findall(unicodedata.normalize("NFKC", text)):
+        if token[0].isalpha():
+            token = token.lower()
+            if token in _ARTICLES:
+                continue
+        words.append(token.replace("\u2212", "-"))
+    return words
+
+
+def _content_hash(text: str, kind: str) -> str:
+    """The dedupe key of a memory text: equal keys say the same thing.
+
+    A raw turn is only ever a duplicate of the same text (spacing aside), so a merged
+    turn's words are always in the memory that lists it. An extracted summary may
+    also differ in case, punctuation and articles; a single other word, number,
+    date, amount, identifier or name makes it a memory of its own.
+    """
+    if kind == "raw":
+        return _hash("text", _spaced(text))
+    return _hash("words", " ".join(_words(text)))
+
+
+def _legacy_hash(text: str) -> str:
+    """The content hash of memories written before :func:`_content_hash` (a lookup only)."""
+    return _hash(_normalise(text))
 
 
 def _storable(text: str, limit: int = MEMORY_CHARS) -> str:
@@ -140,7 +348,6 @@ def _chroma_settings() -> Any:
     from chromadb.config import Settings
 
     return Settings(anonymized_telemetry=False)
-
 
 
 class ChromaLongMemory(QueueWorker):
@@ -162,8 +369,11 @@ class ChromaLongMemory(QueueWorker):
             live; ``None`` means the embedded default archive.
         language: ``"en"`` or ``"zh"`` for the extraction prompt and raw-turn
             labels; ``None`` picks per turn.
-        dedupe_threshold: Cosine similarity above which a new memory in the same
-            session is a near-duplicate of an old one.
+        dedupe_threshold: Deprecated and ignored: whether two memories say the same
+            thing is decided by their text, which no embedding's similarity scale
+            can tell (two different turns score 0.95 with some models). A memory
+            is merged only into one of its session with the same text (raw
+            turns), or the same words and values (extracted summaries).
         max_attempts: Extractor attempts before the raw turn is stored instead.
         extract_timeout: Seconds one extractor call may take.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
@@ -204,7 +414,7 @@ class ChromaLongMemory(QueueWorker):
         extractor: BaseChatModel | None = None,
         backup: MySQLBackup | None = None,
         language: Literal["en", "zh"] | None = None,
-        dedupe_threshold: float = 0.95,
+        dedupe_threshold: float | None = None,
         max_attempts: int = 3,
         extract_timeout: float = 60.0,
         retry_base_delay: float = 1.0,
@@ -218,7 +428,14 @@ class ChromaLongMemory(QueueWorker):
         if language not in (None, "en", "zh"):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
             raise ValueError(msg)
-        dedupe_threshold = check_number("dedupe_threshold", dedupe_threshold, 0, 1, low_ok=False)
+        if dedupe_threshold is not None:
+            check_number("dedupe_threshold", dedupe_threshold, 0, 1, low_ok=False)
+            warnings.warn(
+                "dedupe_threshold is ignored: memories are merged only when their text says "
+                "the same thing, whatever the embedding",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         check_int("max_attempts", max_attempts)
         check_seconds("extract_timeout", extract_timeout)
         check_seconds("retry_base_delay", retry_base_delay, zero_ok=True)
@@ -262,7 +479,6 @@ class ChromaLongMemory(QueueWorker):
         self.embedding = embedding
         self.extractor = extractor
         self.language = language
-        self.dedupe_threshold = dedupe_threshold
         self.max_attempts = max_attempts
         self.extract_timeout = extract_timeout
         self.retry_base_delay = retry_base_delay
@@ -418,27 +634,50 @@ class ChromaLongMemory(QueueWorker):
             if text is None:
                 empty.append(job)
                 continue
+            # A raw turn is found by, and shown with, the turn before it: an answer
+            # often shares its words with the question before it. A summary stands
+            # alone (prepending raw dialogue would undo what extraction saves).
+            context = self._context(before) if kind == "raw" else None
             fresh.append(
                 _Memory(
-                    id=_hash(job.session_id, str(job.last_message_id))[:32],
+                    # One memory per turn, keyed by where the turn starts: a turn that
+                    # grows (another AI message) replaces it with the fuller text.
+                    id=_hash(job.session_id, str(turn[0].id))[:32],
                     job=job,
                     text=text,
                     kind=kind,
                     source_ids=[r.id for r in turn],
                     turn_at=turn[0].created_at,
-                    content_hash=_hash(_normalise(text)),
-                    context=self._context(before),
+                    content_hash=_content_hash(text, kind),
+                    context=context,
+                    context_ids=[r.id for r in before if role_of(r.message) in ("human", "ai")],
+                    turn_ids=[r.id for r in turn],
+                    prefix_hashes=self._prefix_hashes(messages),
                 )
             )
         self.queue.release([job for job in jobs if job.id in skipped])
         return self._store(fresh, empty)
+
+    def _prefix_hashes(self, messages: Sequence[BaseMessage]) -> list[str]:
+        """Content hashes of the raw memories that earlier jobs of this turn may have left.
+
+        Each earlier end of a growing turn may have been stored (or merged into an
+        identical memory) as the turn so far; the fuller memory takes its ids over.
+        """
+        hashes = []
+        for end in range(max(1, len(messages) - PREFIXES), len(messages)):
+            prefix = messages[:end]
+            text = format_turn(prefix, self.language or detect_language(prefix))
+            if text:
+                hashes.append(_content_hash(_storable(text), "raw"))
+        return hashes
 
     def _context(self, before: Sequence[_Row]) -> str | None:
         messages = [r.message for r in before if role_of(r.message) in ("human", "ai")]
         if not messages:
             return None
         text = format_turn(messages, self.language or detect_language(messages))
-        return _storable(text[:CONTEXT_CHARS])
+        return _storable(text[:CONTEXT_CHARS]) if text else None
 
     def _unreadable(self, job: Job, exc: BaseException) -> None:
         """Park a job whose turn cannot be read, so it holds up only its own session."""
@@ -476,78 +715,57 @@ class ChromaLongMemory(QueueWorker):
         held = self.queue.renew([m.job for m in fresh] + empty)
         fresh = [m for m in fresh if m.job.id in held]
         empty = [job for job in empty if job.id in held]
-        merges: dict[str, list[int]] = {}
-        new: list[_Memory] = []
-        if fresh:
-            vectors = self.embedding.embed_documents([m.text for m in fresh])
-            for memory, vector in zip(fresh, vectors, strict=True):
+        jobs = [m.job for m in fresh] + empty
+        latest: dict[str, _Memory] = {}
+        for memory in fresh:  # a later job of a turn that grew supersedes an earlier one
+            latest[memory.id] = memory
+        writes, provenance = self._dedupe(list(latest.values())) if latest else ([], {})
+        if writes:
+            vectors = self.embedding.embed_documents([m.text for m in writes])
+            for memory, vector in zip(writes, vectors, strict=True):
                 memory.vector = vector
-            targets = self._duplicates(fresh)
-            for memory in fresh:
-                target = targets.get(memory.id)
-                if target is None:
-                    new.append(memory)
-                else:
-                    merges.setdefault(target, []).extend(memory.source_ids)
-        if new:
             self.collection.upsert(
-                ids=[m.id for m in new],
-                embeddings=[m.vector for m in new],
-                documents=[m.text for m in new],
-                metadatas=[self._metadata(m) for m in new],
+                ids=[m.id for m in writes],
+                embeddings=[m.vector for m in writes],
+                documents=[m.text for m in writes],
+                metadatas=[self._metadata(m) for m in writes],
             )
-        refused = self.backup.run(
-            self._commit_plan(new, merges, [m.job for m in fresh] + empty), write=True
-        )
-        self._settle_vectors(fresh, new, refused)
-        if merges:
-            self._refresh_provenance(list(merges))
-        return len(fresh) + len(empty) - len(refused)
+        refused = self.backup.run(self._commit_plan(writes, provenance, jobs), write=True)
+        self._settle_vectors(fresh, writes, refused)
+        if provenance:
+            self._refresh_provenance(list(provenance))
+        return len(jobs) - len(refused)
 
-    def _duplicates(self, fresh: Sequence[_Memory]) -> dict[str, str]:
-        """Map each new memory that repeats one of its session to the one it repeats.
+    def _dedupe(
+        self, fresh: Sequence[_Memory]
+    ) -> tuple[list[_Memory], dict[str, tuple[set[int], set[int]]]]:
+        """What the batch writes: memories to store, and provenance changes of stored ones.
 
-        Identical text (by hash) first, then near-duplicates by cosine similarity,
-        both against stored memories and earlier ones of the same batch.
+        Only index lookups: the batch's turn ids and content hashes (its own, the
+        legacy one, and those of its turns' earlier ends) against the catalog's
+        unique keys; the work never depends on how many memories a session holds.
         """
         c = self.memories.c
         sessions = sorted({m.job.session_id for m in fresh})
-        hashes = sorted({m.content_hash for m in fresh})
+        keys = sorted(
+            {m.id for m in fresh}
+            | {h for m in fresh for h in (m.content_hash, _legacy_hash(m.text), *m.prefix_hashes)}
+        )
 
-        def known_plan() -> Plan[dict[tuple[str, str], str]]:
-            result = yield select(c.session_id, c.content_hash, c.id).where(
-                c.session_id.in_(sessions), c.content_hash.in_(hashes)
-            )
-            return {(row.session_id, row.content_hash): row.id for row in result}
+        def known_plan() -> Plan[list[Any]]:
+            rows: list[Any] = []
+            for start in range(0, len(keys), LOOKUP_CHUNK):
+                chunk = keys[start : start + LOOKUP_CHUNK]
+                result = yield select(
+                    c.id, c.session_id, c.content_hash, c.text, c.source_ids
+                ).where(c.session_id.in_(sessions), or_(c.id.in_(chunk), c.content_hash.in_(chunk)))
+                rows.extend(result.all())
+            return rows
 
-        def stored_plan() -> Plan[list[Any]]:
-            result = yield select(c.id, c.session_id, c.vector).where(
-                c.session_id.in_(sessions), c.vector.is_not(None)
-            )
-            return result.all()
-
-        known = self.backup.run(known_plan(), read_only=True)
-        stored: dict[str, list[tuple[str, Any]]] = {}
-        for row in self.backup.run(stored_plan(), read_only=True):
-            stored.setdefault(row.session_id, []).append((row.id, _from_bytes(row.vector)))
-        targets: dict[str, str] = {}
+        batch = _Batch(self.backup.run(known_plan(), read_only=True))
         for memory in fresh:
-            session_id = memory.job.session_id
-            target = known.get((session_id, memory.content_hash))
-            if target is None:
-                # A re-driven job may meet its own earlier write: never match itself.
-                candidates = [(i, v) for i, v in stored.get(session_id, ()) if i != memory.id]
-                if candidates:
-                    sims = _unit_rows([v for _, v in candidates]) @ _unit_rows([memory.vector])[0]
-                    best = int(sims.argmax())
-                    if sims[best] >= self.dedupe_threshold:
-                        target = candidates[best][0]
-            if target is None:
-                known[(session_id, memory.content_hash)] = memory.id
-                stored.setdefault(session_id, []).append((memory.id, memory.vector))
-            else:
-                targets[memory.id] = target
-        return targets
+            batch.place(memory)
+        return list(batch.writes.values()), batch.provenance
 
     def _metadata(self, memory: _Memory) -> dict[str, Any]:
         return {
@@ -603,7 +821,10 @@ class ChromaLongMemory(QueueWorker):
             self.collection.delete(ids=dropped)
 
     def _commit_plan(
-        self, new: Sequence[_Memory], merges: dict[str, list[int]], jobs: Sequence[Job]
+        self,
+        new: Sequence[_Memory],
+        merges: dict[str, tuple[set[int], set[int]]],
+        jobs: Sequence[Job],
     ) -> Plan[set[int]]:
         """Record the batch and delete its jobs; returns the jobs whose commit was refused.
 
@@ -617,6 +838,11 @@ class ChromaLongMemory(QueueWorker):
             if result.rowcount == 0:
                 refused.add(job.id)
         now = utcnow()
+        # A grown turn's row is re-inserted (a new seq tells search caches to re-read
+        # it); old rows go first, as a later memory of the batch may reuse their hash.
+        replaced = [m.id for m in new if m.replaces and m.job.id not in refused]
+        if replaced:
+            yield delete(self.memories).where(c.id.in_(replaced))
         for memory in new:
             if memory.job.id in refused:
                 continue
@@ -627,17 +853,18 @@ class ChromaLongMemory(QueueWorker):
                 content_hash=memory.content_hash,
                 text=memory.text,
                 context=memory.context,
+                context_ids=None if memory.context is None else json.dumps(memory.context_ids),
                 vector=_to_bytes(memory.vector),
                 kind=memory.kind,
                 source_ids=json.dumps(memory.source_ids),
                 turn_at=memory.turn_at,
                 created_at=now,
             )
-        for memory_id, source_ids in merges.items():
+        for memory_id, (added, removed) in merges.items():
             result = yield select(c.source_ids).where(c.id == memory_id)
             row = result.first()
-            if row is not None:
-                merged = sorted(set(json.loads(row.source_ids)) | set(source_ids))
+            merged = sorted((set(json.loads(row.source_ids)) | added) - removed) if row else []
+            if merged:  # a memory never loses its last source
                 yield (
                     update(self.memories)
                     .where(c.id == memory_id)
@@ -702,11 +929,14 @@ class ChromaLongMemory(QueueWorker):
         with self._scopes_lock:
             index = self._scopes.get(key)
             if index is None or index.version != version:
-                grows = index is not None and version[0] - index.version[0] > 0
+                # Rows past the cached seq are new memories or grown turns (a grown
+                # turn's row is re-inserted under a new seq, same id).
+                grows = index is not None and version[0] >= index.version[0]
                 if index is None or not grows:
                     index = _ScopeIndex()
                 rows = self.backup.run(rows_plan(index.version[1]))
-                if index.version[0] + len(rows) != version[0]:  # deletions: rebuild
+                added = sum(1 for row in rows if row.id not in index.rows)
+                if index.version[0] + added != version[0]:  # deletions: rebuild
                     index = _ScopeIndex()
                     rows = self.backup.run(rows_plan(0))
                 index.add(rows)
@@ -731,7 +961,10 @@ class ChromaLongMemory(QueueWorker):
         Dense similarity and CJK-aware BM25 are blended (see
         :func:`~langchain_tiered_memory.lexical.fuse`); when the query is Chinese
         and the embedding model knows no Chinese, the dense side is left out so it
-        cannot drag the ranking down.
+        cannot drag the ranking down. Among near-duplicates that score about the
+        same (the same words with other numbers: a price, an IBAN, a date that
+        changed) the newest comes first, so a correction outranks the value it
+        corrects.
 
         Args:
             query: What to look for.
@@ -743,7 +976,10 @@ class ChromaLongMemory(QueueWorker):
 
         Returns:
             Documents whose metadata hold ``id``, ``session_id``, ``user_id``,
-            ``kind``, ``source_ids`` (archive message ids), ``turn_at`` and ``score``.
+            ``kind``, ``source_ids`` (archive message ids), ``context_ids``,
+            ``turn_at`` and ``score``. A raw turn's text comes after the turn
+            before it (its context, whose archive ids are ``context_ids``): what
+            was searched is what is shown.
         """
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
@@ -762,11 +998,15 @@ class ChromaLongMemory(QueueWorker):
         if dense_weight:
             vector = self.embedding.embed_query(query)
             dense = self._dense(index, vector, where, pool, lexical)
-        ranked = fuse(dense, lexical, dense_weight=dense_weight)[:k]
+        # A few more than k: a correction ranked just below the value it corrects
+        # moves up (see _newer_first).
+        ranked = fuse(dense, lexical, dense_weight=dense_weight)[: k + max(k, 10)]
         if not ranked:  # nothing matches at all: the newest memories
             ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
         rows = self._fresh_rows([doc_id for doc_id, _ in ranked])
-        return [self._document(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+        found = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+        found = _newer_first(found, _values(query))
+        return [self._document(row, score) for row, score in found[:k]]
 
     def _dense(
         self,
@@ -832,7 +1072,7 @@ class ChromaLongMemory(QueueWorker):
     @staticmethod
     def _document(row: Any, score: float) -> Document:
         return Document(
-            page_content=row.text,
+            page_content=_shown(row),
             id=row.id,
             metadata={
                 "id": row.id,
@@ -840,6 +1080,7 @@ class ChromaLongMemory(QueueWorker):
                 "user_id": row.user_id,
                 "kind": row.kind,
                 "source_ids": json.loads(row.source_ids),
+                "context_ids": _context_ids(row) or [],
                 "turn_at": row.turn_at.isoformat(),
                 "score": score,
             },
@@ -966,6 +1207,63 @@ class ChromaLongMemory(QueueWorker):
                 done += len(rows)
                 bar.update(len(rows))
         return done
+
+
+def _skeleton(text: str) -> set[str]:
+    """A memory's words with every number masked: what stays when a value changes.
+
+    Line labels (``User:``, ``AI:``, speaker names) are left out: every raw turn has them.
+    """
+    words = tokenize(_LABEL.sub("", text))
+    return {"#" if any(ch.isdigit() for ch in token) else token for token in words}
+
+
+def _values(text: str) -> frozenset[str]:
+    """The numbers and identifiers of a text (its tokens with a digit)."""
+    tokens = tokenize(_LABEL.sub("", text))
+    return frozenset(token for token in tokens if any(c.isdigit() for c in token))
+
+
+def _newer_first(
+    results: Sequence[tuple[Any, float]], named: frozenset[str] = frozenset()
+) -> list[tuple[Any, float]]:
+    """Results where tied near-duplicates (the same words, other values) are newest first.
+
+    A group of near-duplicates keeps the places and scores its members earned; each
+    place goes to the newest member (by its newest source message) among those
+    scoring within :data:`RECENCY_MARGIN` of the best one left, so a correction
+    ("the price is now 1250") outranks the value it corrects. A group is left as
+    ranked when the query ``named`` a value that only some of its members hold:
+    asked about invoice 1234, the memory of invoice 1235 is no tie.
+    """
+    skeletons = [_skeleton(row.text) for row, _ in results[:NEAR_POOL]]
+    group = list(range(len(skeletons)))
+    for i, a in enumerate(skeletons):
+        if group[i] != i or not a:
+            continue
+        for j in range(i + 1, len(skeletons)):
+            b = skeletons[j]
+            if group[j] == j and b and len(a & b) >= NEAR_DUPLICATE * len(a | b):
+                group[j] = i
+    ordered = list(results)
+    for leader in set(group):
+        members = [i for i, g in enumerate(group) if g == leader]
+        if len(members) < 2:
+            continue
+        if named and len({bool(named & _values(results[i][0].text)) for i in members}) > 1:
+            continue
+        left = list(members)  # best first
+        for slot in members:
+            best = results[left[0]][1]
+            tied = [i for i in left if results[i][1] >= best - RECENCY_MARGIN * abs(best)]
+            pick = max(tied, key=lambda i: _recency(results[i][0]))
+            left.remove(pick)
+            ordered[slot] = (results[pick][0], results[slot][1])
+    return ordered
+
+
+def _recency(row: Any) -> tuple[int, int]:
+    return max(json.loads(row.source_ids), default=0), int(row.seq)
 
 
 def _turn_starts(roles: Sequence[str]) -> list[int]:

@@ -155,9 +155,12 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("user_id", _ident(), nullable=True),
         Column("content_hash", String(64), nullable=False),
         Column("text", _long_text(), nullable=False),
-        # The previous turn, indexed for lexical search only: answers often share
-        # their words with the question that came before them.
+        # A raw turn's previous turn, indexed for lexical search (answers often share
+        # their words with the question that came before them) and shown with the
+        # memory; ``context_ids`` are its archive ids (JSON). A row without them
+        # (written by an older version) is searched and shown by its own text only.
         Column("context", Text, nullable=True),
+        Column("context_ids", Text, nullable=True),
         Column("kind", String(16), nullable=False),
         # float32 bytes of the embedding: scoped dense search runs in-process,
         # since Chroma's filtered queries slow down as the collection grows.

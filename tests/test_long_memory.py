@@ -643,26 +643,30 @@ def test_identical_memory_text_is_stored_once(
     assert memory.queue.depth() == 0
 
 
-def test_near_duplicates_are_merged(make_memory: MakeMemory, backup: MySQLBackup) -> None:
-    first = "the AR table has invoice number amount due date customer region currency status"
-    near = first + " overdue"  # one more word: cosine just above the threshold
-    far = "deployments happen on fridays after the billing freeze"
-    embedding = HashEmbeddings()
-    a, b, c = embedding.embed_documents([first, near, far])
-    assert sum(x * y for x, y in zip(a, b, strict=True)) >= 0.9  # precondition
-    assert sum(x * y for x, y in zip(a, c, strict=True)) < 0.9
+def test_summaries_that_say_the_same_thing_are_merged(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """Case, punctuation and articles aside the same words: one memory; one more word: two."""
+    first = "The AR table has invoice number, amount, due date."
+    same = "the AR table has invoice number amount due date"
+    more = "The AR table has invoice number, amount, due date, overdue."
     extractor = FakeExtractor()
-    memory = make_memory(extractor=extractor, dedupe_threshold=0.9)
+    memory = make_memory(extractor=extractor)
     chat = history(backup, memory, "near")
-    for text in (first, near, far):
+    for text in (first, same, more):
         extractor.answer = text
         say(chat, f"turn about {text[:10]}")
         memory.run_pending()
     rows = catalog(backup)
-    assert [row.text for row in rows] == [first, far]
+    assert [row.text for row in rows] == [first, more]
     turns = turn_ids(backup, "near")
     assert [sources(row) for row in rows] == [turns[0] + turns[1], turns[2]]
     assert memory.collection.count() == 2
+
+
+def test_dedupe_threshold_is_deprecated(make_memory: MakeMemory) -> None:
+    with pytest.warns(DeprecationWarning, match="dedupe_threshold is ignored"):
+        make_memory(dedupe_threshold=0.9)
 
 
 def test_same_text_in_two_sessions_is_two_memories(
