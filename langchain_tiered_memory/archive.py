@@ -471,10 +471,11 @@ class MySQLBackup:
         # SQLite waits only for locks, bounded by its busy timeout; and a statement
         # cut off in aiosqlite's thread would run on after the call had failed.
         deadline = asyncio.timeout(None if self.dialect == "sqlite" else self.timeout)
+        engine = self.async_engine()
         try:
             async with deadline:
-                return await _run_async(self.async_engine(), plan, options, read_only)
-        except SQLAlchemyError as exc:
+                return await _run_async(engine, plan, options, read_only)
+        except _database_errors(engine.sync_engine) as exc:
             raise self._unavailable(exc) from exc
         except TimeoutError as exc:
             if not deadline.expired():
@@ -485,10 +486,10 @@ class MySQLBackup:
     def _guard(self, action: Any) -> Any:
         try:
             return action()
-        except SQLAlchemyError as exc:
+        except _database_errors(self.engine) as exc:
             raise self._unavailable(exc) from exc
 
-    def _unavailable(self, exc: SQLAlchemyError) -> ArchiveUnavailableError:
+    def _unavailable(self, exc: BaseException) -> ArchiveUnavailableError:
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         return ArchiveUnavailableError(f"archive {render_url(self.url)} failed: {reason}")
 
@@ -1144,6 +1145,19 @@ class MySQLBackup:
 
 
 # -- helpers ------------------------------------------------------------------
+
+
+def _database_errors(engine: Engine) -> tuple[type[BaseException], ...]:
+    """What a lost or failing database raises through ``engine``.
+
+    SQLAlchemy wraps the driver's errors, except where it calls the driver directly
+    (setting the isolation level of a pooled connection): the driver's own ``Error``
+    then comes through unwrapped (PyMySQL's "Lost connection" after a server crash).
+    """
+    error = getattr(getattr(engine.dialect, "loaded_dbapi", None), "Error", None)
+    if isinstance(error, type) and issubclass(error, BaseException):
+        return (SQLAlchemyError, error)
+    return (SQLAlchemyError,)
 
 
 def _eraser(record: TierRecord) -> ForgetHook:

@@ -459,3 +459,33 @@ def test_unreachable_sqlite_raises_and_loses_nothing(tmp_path: Path) -> None:
 def test_unreachable_at_start_is_a_clear_error() -> None:
     with pytest.raises(ArchiveUnavailableError, match=r"127\.0\.0\.1:1"):
         MySQLBackup("mysql+pymysql://root@127.0.0.1:1/test")
+
+
+async def test_a_driver_error_that_sqlalchemy_does_not_wrap_is_archive_unavailable(
+    backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Setting a pooled connection's isolation level calls the driver directly.
+
+    After a server crash PyMySQL raised its own ``OperationalError`` ("Lost connection")
+    there, past ``except SQLAlchemyError``: a write must still fail as the archive
+    being unavailable, sync and async, with nothing stored.
+    """
+    if backup.dialect == "sqlite":
+        pytest.skip("SQLite sets no isolation level on a pooled connection")
+    backup.add_messages("s", [HumanMessage("before")])
+    dbapi_error = backup.engine.dialect.loaded_dbapi.OperationalError
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise dbapi_error(2013, "Lost connection to MySQL server during query")
+
+    dialects = {backup.engine.dialect.__class__, backup.async_engine().dialect.__class__}
+    for dialect in dialects:
+        monkeypatch.setattr(dialect, "set_isolation_level", lost)
+        monkeypatch.setattr(dialect, "_assert_and_set_isolation_level", lost, raising=False)
+    with pytest.raises(ArchiveUnavailableError, match="Lost connection"):
+        backup.add_messages("s", [HumanMessage("lost")])
+    with pytest.raises(ArchiveUnavailableError, match="Lost connection"):
+        await backup.aadd_messages("s", [HumanMessage("lost")])
+    monkeypatch.undo()
+    assert backup.get_messages("s") == [HumanMessage("before")]
+    await backup.adispose()
