@@ -227,3 +227,29 @@ def mysql_user() -> Iterator[tuple[str, str]]:
             for host in hosts:
                 conn.exec_driver_sql(f"DROP USER IF EXISTS '{user}'@'{host}'")
         root.dispose()
+
+
+@pytest.fixture
+def make_consolidator(backup: MySQLBackup, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Build ``MemoryConsolidator`` instances on the test's archive; closed afterwards.
+
+    Defaults: files under ``tmp_path/memory``, no worker thread, threshold 4, batch 2.
+    """
+    from langchain_tiered_memory import MemoryConsolidator
+
+    made: list[Any] = []
+
+    def make(llm: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("root", tmp_path / "memory")
+        kwargs.setdefault("backup", backup)
+        kwargs.setdefault("start_worker", False)
+        kwargs.setdefault("retry_base_delay", 0.01)
+        kwargs.setdefault("threshold", 4)
+        kwargs.setdefault("batch", 2)
+        consolidator = MemoryConsolidator(llm, **kwargs)
+        made.append(consolidator)
+        return consolidator
+
+    yield make
+    for consolidator in made:
+        consolidator.close(timeout=10)

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,28 +30,6 @@ from .long_memory_support import job_rows
 from .test_consolidation import FakeLLM, chat, log_rows, message_ids
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def make_consolidator(
-    backup: MySQLBackup, tmp_path: Path
-) -> Iterator[Callable[..., MemoryConsolidator]]:
-    made: list[MemoryConsolidator] = []
-
-    def make(llm: Any, **kwargs: Any) -> MemoryConsolidator:
-        kwargs.setdefault("root", tmp_path / "memory")
-        kwargs.setdefault("backup", backup)
-        kwargs.setdefault("start_worker", False)
-        kwargs.setdefault("retry_base_delay", 0.01)
-        kwargs.setdefault("threshold", 4)
-        kwargs.setdefault("batch", 2)
-        consolidator = MemoryConsolidator(llm, **kwargs)
-        made.append(consolidator)
-        return consolidator
-
-    yield make
-    for consolidator in made:
-        consolidator.close(timeout=10)
 
 
 def assert_files_match(consolidator: MemoryConsolidator, session_id: str, batches: int) -> None:

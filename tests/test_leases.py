@@ -12,9 +12,8 @@ the job at all while A works past its lease.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,28 +97,6 @@ def _wait_past_lease(backup: MySQLBackup) -> None:
     until = _lease_until(backup)
     assert until is not None
     assert wait_until(lambda: utcnow() > until, timeout=10)
-
-
-@pytest.fixture
-def make_consolidator(
-    backup: MySQLBackup, tmp_path: Path
-) -> Iterator[Callable[..., MemoryConsolidator]]:
-    made: list[MemoryConsolidator] = []
-
-    def make(llm: Any, **kwargs: Any) -> MemoryConsolidator:
-        kwargs.setdefault("root", tmp_path / "memory")
-        kwargs.setdefault("backup", backup)
-        kwargs.setdefault("start_worker", False)
-        kwargs.setdefault("retry_base_delay", 0.01)
-        kwargs.setdefault("threshold", 4)
-        kwargs.setdefault("batch", 2)
-        consolidator = MemoryConsolidator(llm, **kwargs)
-        made.append(consolidator)
-        return consolidator
-
-    yield make
-    for consolidator in made:
-        consolidator.close(timeout=10)
 
 
 def _stale_memory(make_memory: MakeMemory, **kwargs: Any) -> ChromaLongMemory:
