@@ -461,8 +461,9 @@ def test_unreachable_at_start_is_a_clear_error() -> None:
         MySQLBackup("mysql+pymysql://root@127.0.0.1:1/test")
 
 
+@pytest.mark.mysql
 async def test_a_driver_error_that_sqlalchemy_does_not_wrap_is_archive_unavailable(
-    backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+    table_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Setting a pooled connection's isolation level calls the driver directly.
 
@@ -470,8 +471,8 @@ async def test_a_driver_error_that_sqlalchemy_does_not_wrap_is_archive_unavailab
     there, past ``except SQLAlchemyError``: a write must still fail as the archive
     being unavailable, sync and async, with nothing stored.
     """
-    if backup.dialect == "sqlite":
-        pytest.skip("SQLite sets no isolation level on a pooled connection")
+    require_mysql()  # SQLite sets no isolation level on a pooled connection
+    backup = MySQLBackup(MYSQL_URL, table_name=table_name)
     backup.add_messages("s", [HumanMessage("before")])
     dbapi_error = backup.engine.dialect.loaded_dbapi.OperationalError
 
@@ -487,5 +488,9 @@ async def test_a_driver_error_that_sqlalchemy_does_not_wrap_is_archive_unavailab
     with pytest.raises(ArchiveUnavailableError, match="Lost connection"):
         await backup.aadd_messages("s", [HumanMessage("lost")])
     monkeypatch.undo()
-    assert backup.get_messages("s") == [HumanMessage("before")]
-    await backup.adispose()
+    try:
+        assert backup.get_messages("s") == [HumanMessage("before")]
+    finally:
+        await backup.adispose()
+        backup.metadata.drop_all(backup.engine)
+        backup.dispose()
