@@ -50,6 +50,7 @@ from langchain_tiered_memory._validation import (
     check_int,
     check_number,
     check_optional_int,
+    check_seconds,
     validate_batch,
     validate_id,
     validate_optional_id,
@@ -58,7 +59,6 @@ from langchain_tiered_memory._validation import (
 from langchain_tiered_memory.jobs import (
     DELAYED,
     backlog_enqueue_plan,
-    check_seconds,
     enqueue_statement,
 )
 from langchain_tiered_memory.schema import (

@@ -40,7 +40,13 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory._validation import safe_filename, validate_id, validate_optional_id
+from langchain_tiered_memory._validation import (
+    check_int,
+    check_seconds,
+    safe_filename,
+    validate_id,
+    validate_optional_id,
+)
 from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
     ForgetHook,
@@ -57,8 +63,6 @@ from langchain_tiered_memory.jobs import (
     QueueWorker,
     backoff,
     call_with_timeout,
-    check_int,
-    check_seconds,
     held_by,
 )
 from langchain_tiered_memory.lexical import cjk_share

@@ -30,13 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Table, and_, delete, exists, false, func, insert, or_, select, update
 
-# Re-exported: the checks live in _validation; consolidation and long_memory import them here.
-from langchain_tiered_memory._validation import (  # noqa: F401
-    MAX_SECONDS,
-    check_int,
-    check_number,
-    check_seconds,
-)
+from langchain_tiered_memory._validation import check_int, check_seconds
 
 if TYPE_CHECKING:
     from langchain_tiered_memory.archive import MySQLBackup, Plan

@@ -43,7 +43,12 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, or_, select, update
 
 from langchain_tiered_memory._extras import import_extra
-from langchain_tiered_memory._validation import validate_id
+from langchain_tiered_memory._validation import (
+    check_int,
+    check_number,
+    check_seconds,
+    validate_id,
+)
 from langchain_tiered_memory.archive import (
     ArchiveUnavailableError,
     ForgetHook,
@@ -67,9 +72,6 @@ from langchain_tiered_memory.jobs import (
     QueueWorker,
     backoff,
     call_with_timeout,
-    check_int,
-    check_number,
-    check_seconds,
     held_by,
 )
 from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse, tokenize
