@@ -47,7 +47,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from sqlalchemy import select
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.long_memory import MEMORY_CHARS, ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import MEMORY_CHARS, ChromaLongMemory
 
 _MADIAL_LINE = re.compile(r'^<([^>]*)>:\s*"?(.*?)"?\s*$', re.DOTALL)
 
@@ -244,11 +244,11 @@ def embeddings(names: list[str]) -> list[tuple[str, Embeddings]]:
     out: list[tuple[str, Embeddings]] = []
     for name in names:
         if name == "minilm":
-            from langchain_tiered_memory.embeddings import MiniLMEmbeddings
+            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 
             out.append(("MiniLM", MiniLMEmbeddings()))
         elif name == "e5":
-            from langchain_tiered_memory.embeddings import MultilingualE5Embeddings
+            from langchain_tiered_memory.text.embeddings import MultilingualE5Embeddings
 
             out.append(("multilingual-e5", MultilingualE5Embeddings()))
         else:

@@ -70,8 +70,8 @@ from langchain_core.tools import tool
 
 from benchmarks import erp_synth
 from langchain_tiered_memory import ContextCompressor, ContextOverflowError, estimate_tokens
-from langchain_tiered_memory.compression import SUMMARY_KEY, validate_conversation
-from langchain_tiered_memory.tokens import MESSAGE_OVERHEAD
+from langchain_tiered_memory.text.tokens import MESSAGE_OVERHEAD
+from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
 
 DOC_CHARS = 150_000
 REPEAT_EVERY = 9  # every 9th turn re-runs a knowledge-base search (same first 100 chars)

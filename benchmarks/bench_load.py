@@ -93,7 +93,7 @@ def session_id(session: int) -> str:
 def child(spec: dict[str, Any]) -> None:
     """One writer process: its threads write their sessions' turns, timing each call."""
     from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
     backup = MySQLBackup(spec["url"], table_name=spec["table"])
     memory = ChromaLongMemory(
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> None:
     from sqlalchemy import make_url
 
     from langchain_tiered_memory import MySQLBackup
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
     table = f"bench_load_{uuid.uuid4().hex[:8]}"
     per_session = quota(args.turns, args.sessions)

@@ -69,9 +69,9 @@ import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.embeddings import MiniLMEmbeddings
-from langchain_tiered_memory.extraction import format_turn
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+from langchain_tiered_memory.tiers.extraction import format_turn
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 warnings.filterwarnings("ignore", message=".*BaseChatMessageHistory.*")
 

@@ -30,7 +30,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 BASELINES = {"LoCoMo dev recall@10": 0.60, "MADial-zh dev recall@5": 0.53}
 TARGET = 0.80

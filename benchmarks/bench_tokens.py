@@ -46,7 +46,7 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     estimate_tokens,
 )
-from langchain_tiered_memory.tokens import MESSAGE_OVERHEAD, SAMPLE_ABOVE, _count
+from langchain_tiered_memory.text.tokens import MESSAGE_OVERHEAD, SAMPLE_ABOVE, _count
 
 TARGET = 0.15
 MIXED_SEED = 7

@@ -4,7 +4,8 @@ Importing this package imports modules and nothing else: no database is opened a
 no model is loaded until a class is used.
 """
 
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.memory.history import TieredChatMessageHistory
+from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
     ArchiveUnavailableError,
     ForgetIncompleteError,
@@ -12,21 +13,20 @@ from langchain_tiered_memory.archive import (
     SessionInfo,
     SessionOwnershipError,
 )
-from langchain_tiered_memory.compression import ContextCompressor, ContextOverflowError
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.history import TieredChatMessageHistory
-from langchain_tiered_memory.long_memory import ChromaLongMemory, LongMemoryRetriever
-from langchain_tiered_memory.session_files import SessionFileArchive
-from langchain_tiered_memory.tokens import estimate_tokens
+from langchain_tiered_memory.storage.session_files import SessionFileArchive
+from langchain_tiered_memory.text.tokens import estimate_tokens
+from langchain_tiered_memory.tiers.compression import ContextCompressor, ContextOverflowError
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
 # Entry points whose modules import optional extras (langchain-classic, langchain v1,
 # langchain-text-splitters) load on first use.
 _LAZY = {
-    "FinishReasonHandler": "langchain_tiered_memory.finish_reason",
-    "KnowledgeBase": "langchain_tiered_memory.knowledge",
-    "TieredMemory": "langchain_tiered_memory.classic",
-    "TieredMemoryMiddleware": "langchain_tiered_memory.middleware",
-    "create_tiered_chain": "langchain_tiered_memory.chain",
+    "FinishReasonHandler": "langchain_tiered_memory.integrations.finish_reason",
+    "KnowledgeBase": "langchain_tiered_memory.integrations.knowledge",
+    "TieredMemory": "langchain_tiered_memory.integrations.classic",
+    "TieredMemoryMiddleware": "langchain_tiered_memory.integrations.middleware",
+    "create_tiered_chain": "langchain_tiered_memory.integrations.chain",
 }
 
 

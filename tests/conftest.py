@@ -175,7 +175,7 @@ def make_memory(
     Defaults: the session's embedded client, the test's collection, ``HashEmbeddings``,
     no worker thread (call ``run_pending``/``flush``).
     """
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
     from .fakes import HashEmbeddings
 

@@ -21,7 +21,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from langchain_tiered_memory.lexical import tokenize
+from langchain_tiered_memory.text.lexical import tokenize
 
 #: Session ids that try to escape a folder or confuse a file system.
 HOSTILE = [

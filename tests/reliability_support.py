@@ -484,8 +484,8 @@ def _crash_tiers(
     """
     import chromadb
 
-    from langchain_tiered_memory.consolidation import MemoryConsolidator
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
     from .fakes import HashEmbeddings
     from .long_memory_support import FakeExtractor

@@ -23,7 +23,7 @@ from langchain_core.messages import (
 )
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup
-from langchain_tiered_memory.archive import render_url, validate_table_name
+from langchain_tiered_memory.storage.archive import render_url, validate_table_name
 
 from .conftest import MYSQL_URL, require_mysql
 

@@ -40,10 +40,10 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     create_tiered_chain,
 )
-from langchain_tiered_memory.chain import LABELS, RetrievalFailedWarning, TieredChain
-from langchain_tiered_memory.compression import SUMMARY_KEY
-from langchain_tiered_memory.finish_reason import CONTINUE_PROMPTS, MARK_KEY
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.integrations.chain import LABELS, RetrievalFailedWarning, TieredChain
+from langchain_tiered_memory.integrations.finish_reason import CONTINUE_PROMPTS, MARK_KEY
+from langchain_tiered_memory.tiers.compression import SUMMARY_KEY
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .conftest import _free_port, chroma_settings
 from .fakes import HashEmbeddings, ScriptedChatModel, cut, done, replies
@@ -325,9 +325,7 @@ async def test_ainvoke_continues_a_truncated_answer(backup: MySQLBackup) -> None
 # -- the v3 prompt -----------------------------------------------------------------
 
 
-def test_knowledge_documents_go_into_the_prompt(
-    backup: MySQLBackup, chroma_client: Any
-) -> None:
+def test_knowledge_documents_go_into_the_prompt(backup: MySQLBackup, chroma_client: Any) -> None:
     store = InMemoryVectorStore(HashEmbeddings())
     store.add_documents(
         [
@@ -393,9 +391,7 @@ async def test_chinese_labels_and_layout(backup: MySQLBackup, make_memory: MakeM
         knowledge.client.delete_collection(knowledge.collection.name)
 
 
-def test_consolidated_memory_md_goes_into_the_prompt(
-    backup: MySQLBackup, tmp_path: Path
-) -> None:
+def test_consolidated_memory_md_goes_into_the_prompt(backup: MySQLBackup, tmp_path: Path) -> None:
     consolidator = MemoryConsolidator(
         model("## User preferences\n- prefers the dark mode"),
         root=tmp_path / "memory",
@@ -479,7 +475,7 @@ def test_a_failing_memory_search_warns_and_answers_without_memories(
     long_memory.flush(timeout=30)
     embedding.down = True
     with (
-        caplog.at_level(logging.WARNING, logger="langchain_tiered_memory.chain"),
+        caplog.at_level(logging.WARNING, logger="langchain_tiered_memory.integrations.chain"),
         pytest.warns(RetrievalFailedWarning, match="long-term memory search failed"),
     ):
         answer = chat.invoke("What is my warehouse code?", config("s"))

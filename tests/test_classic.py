@@ -24,8 +24,8 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     TieredMemory,
 )
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import RecordingChatModel, replies
 

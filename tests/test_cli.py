@@ -28,8 +28,8 @@ from sqlalchemy import make_url
 from typer.testing import CliRunner
 
 from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory, cli
-from langchain_tiered_memory.consolidation import PROMPTS
-from langchain_tiered_memory.llms import ScriptedChatModel, detect_llm, ollama_url
+from langchain_tiered_memory.cli.llms import ScriptedChatModel, detect_llm, ollama_url
+from langchain_tiered_memory.tiers.consolidation import PROMPTS
 
 from .conftest import MYSQL_URL, _drop, _free_port, chroma_settings, require_mysql
 from .fakes import HashEmbeddings

@@ -14,7 +14,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.tools import tool
 
 from langchain_tiered_memory import ContextCompressor, ContextOverflowError, estimate_tokens
-from langchain_tiered_memory.compression import SUMMARY_KEY, validate_conversation
+from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
 
 from .fakes import RecordingChatModel, replies
 

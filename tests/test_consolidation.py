@@ -31,8 +31,8 @@ from pydantic import Field
 from sqlalchemy import select
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory._validation import safe_filename
-from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.core.validation import safe_filename
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
 from .fakes import HOSTILE
 from .long_memory_support import job_rows, wait_until
@@ -355,7 +355,7 @@ def test_the_job_is_queued_in_the_same_transaction_as_the_messages(
     make_consolidator: Callable[..., MemoryConsolidator],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import langchain_tiered_memory.archive as archive_module
+    import langchain_tiered_memory.storage.archive as archive_module
 
     consolidator = make_consolidator(FakeLLM())
     history = TieredChatMessageHistory("tx", backup=backup, consolidator=consolidator)
@@ -421,7 +421,7 @@ def test_250_messages_are_consolidated_batch_after_batch(
     ],
 )
 def test_memory_md_never_keeps_a_secret(text: str, secret: str) -> None:
-    from langchain_tiered_memory.consolidation import redact
+    from langchain_tiered_memory.tiers.consolidation import redact
 
     assert secret not in redact(text)
     assert "***" in redact(text)
@@ -547,7 +547,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
 url, table, root, mode, at = sys.argv[1:6]
 CALLS = [0]

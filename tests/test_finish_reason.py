@@ -26,7 +26,7 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 
 from langchain_tiered_memory import FinishReasonHandler
-from langchain_tiered_memory.finish_reason import (
+from langchain_tiered_memory.integrations.finish_reason import (
     CONTINUE_PROMPTS,
     MARK_KEY,
     finish_reason,

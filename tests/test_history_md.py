@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-import langchain_tiered_memory.consolidation as consolidation_module
+import langchain_tiered_memory.tiers.consolidation as consolidation_module
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
 from .long_memory_support import job_rows
 from .test_consolidation import FakeLLM, chat, log_rows, message_ids
@@ -103,7 +103,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from tests import test_history_md as support
 
 url, table, root, size = sys.argv[1:5]
@@ -193,7 +193,7 @@ def test_a_full_disk_is_retried_and_never_archives_raw(
 
         size = len((consolidator.folder("d") / "HISTORY.md").read_bytes())
         monkeypatch.setattr(os, "fsync", tearing_fsync(size, 3, full))
-    with caplog.at_level(logging.ERROR, logger="langchain_tiered_memory.consolidation"):
+    with caplog.at_level(logging.ERROR, logger="langchain_tiered_memory.tiers.consolidation"):
         consolidator.flush(timeout=30)
     monkeypatch.undo()
     assert failures == [0]

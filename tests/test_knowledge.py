@@ -18,8 +18,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
 from langchain_tiered_memory import KnowledgeBase, MySQLBackup
-from langchain_tiered_memory.knowledge import KnowledgeRetriever
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import HashEmbeddings
 
@@ -125,9 +125,7 @@ def test_host_alone_gives_an_http_client(chroma_server: tuple[str, int]) -> None
         kb.client.delete_collection(name)
 
 
-def test_from_long_memory_shares_client_and_embedding(
-    tmp_path: Path, chroma_client: Any
-) -> None:
+def test_from_long_memory_shares_client_and_embedding(tmp_path: Path, chroma_client: Any) -> None:
     archive = MySQLBackup(f"sqlite:///{tmp_path / 'a.sqlite3'}")
     memories = f"lm_{uuid.uuid4().hex[:12]}"
     knowledge = f"kb_{uuid.uuid4().hex[:12]}"
@@ -196,7 +194,9 @@ def test_adding_the_same_texts_again_does_not_duplicate(make_kb: MakeKB) -> None
 
 def test_chinese_text_is_split_at_sentence_ends(make_kb: MakeKB) -> None:
     kb = make_kb(chunk_size=20, chunk_overlap=0)
-    kb.add_texts(["应收账款表记录了客户的发票。每张发票有一个编号，还有金额和到期日。付款后状态变为已结清。"])
+    kb.add_texts(
+        ["应收账款表记录了客户的发票。每张发票有一个编号，还有金额和到期日。付款后状态变为已结清。"]
+    )
     texts = sorted(text for text, _ in all_chunks(kb).values())
     assert texts == sorted(
         [

@@ -23,9 +23,9 @@ from pydantic import Field
 from sqlalchemy import inspect
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.archive import utcnow
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .long_memory_support import FakeExtractor, catalog, chroma_ids, job_rows, say, wait_until
 from .test_consolidation import FakeLLM, chat, cursor_of, log_rows

@@ -29,8 +29,8 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.embeddings import MiniLMEmbeddings
-from langchain_tiered_memory.long_memory import ChromaLongMemory, LongMemoryRetriever
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
 from .fakes import HashEmbeddings, RecordingChatModel, replies
 from .long_memory_support import (

@@ -20,9 +20,9 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.embeddings import MiniLMEmbeddings, MultilingualE5Embeddings
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings, MultilingualE5Embeddings
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import HashEmbeddings
 from .long_memory_support import archive_ids, catalog, job_rows, sources, wait_until

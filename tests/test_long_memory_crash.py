@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import HashEmbeddings
 from .long_memory_support import catalog, job_rows, sources, turn_ids
@@ -72,7 +72,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from tests.fakes import HashEmbeddings, replies
 
 
@@ -147,7 +147,7 @@ def test_writer_killed_while_jobs_are_pending(backup: MySQLBackup, tmp_path: Pat
 _DIES_AFTER_UPSERT = r"""
 import os, sys
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from tests.fakes import HashEmbeddings
 
 url, table, chroma_dir, collection = sys.argv[1:5]

@@ -23,7 +23,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .long_memory_support import FakeExtractor, catalog, say, sources, turn_ids
 

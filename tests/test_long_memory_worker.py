@@ -22,8 +22,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from sqlalchemy import event
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.archive import utcnow
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .conftest import MYSQL_URL, _drop, require_mysql
 from .fakes import HashEmbeddings
@@ -313,7 +313,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_tiered_memory import MySQLBackup
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from tests.fakes import HashEmbeddings, replies
 
 url, table, host, port, collection = sys.argv[1:6]

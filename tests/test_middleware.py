@@ -29,9 +29,9 @@ from langchain_tiered_memory import (
     TieredMemoryMiddleware,
 )
 from langchain_tiered_memory import middleware as middleware_module
-from langchain_tiered_memory.compression import validate_conversation
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.compression import validate_conversation
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import RecordingChatModel
 

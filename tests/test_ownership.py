@@ -22,8 +22,8 @@ from langchain_tiered_memory import (
     SessionOwnershipError,
     TieredChatMessageHistory,
 )
-from langchain_tiered_memory.archive import utcnow
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import RecordingChatModel, replies
 

@@ -37,9 +37,9 @@ from typing import Any
 import pytest
 
 from langchain_tiered_memory import MySQLBackup, SessionFileArchive
-from langchain_tiered_memory._validation import safe_filename
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.core.validation import safe_filename
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .fakes import HashEmbeddings
 from .long_memory_support import FakeExtractor
@@ -65,9 +65,7 @@ def _contents(messages: list) -> list[str]:
     return [str(m.content) for m in messages]
 
 
-EXPECTED = {
-    i: [_contents(crash_turn(i, n)) for n in range(TURNS)] for i in range(SESSIONS)
-}
+EXPECTED = {i: [_contents(crash_turn(i, n)) for n in range(TURNS)] for i in range(SESSIONS)}
 
 
 def _turns_of(contents: list[str], index: int, where: str) -> int:

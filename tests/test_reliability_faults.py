@@ -31,9 +31,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from sqlalchemy import insert, make_url, select, update
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.archive import utcnow
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .conftest import MYSQL_URL, require_mysql
 from .fakes import HashEmbeddings
@@ -184,9 +184,7 @@ def test_mysql_stopped_and_restarted_mid_conversation(
         # Every stored turn has exactly one memory, extracted (the outage is not an
         # extractor failure, so no turn fell back to raw).
         rows = sorted(table_rows(backup, "memories"), key=lambda row: row.seq)
-        assert [row.text for row in rows] == [
-            f"Summary: db question {n} q{n}x" for n in stored
-        ]
+        assert [row.text for row in rows] == [f"Summary: db question {n} q{n}x" for n in stored]
         assert table_rows(backup, "jobs") == []
         logs = sorted(table_rows(backup, "history_log"), key=lambda row: row.first_id)
         ids = [row.id for row in archive_rows(backup)]
@@ -538,9 +536,7 @@ def test_a_misbehaving_extractor_never_blocks_the_chat(
     latencies = []
     for n, mode in enumerate(MODES):
         began = time.monotonic()
-        history.add_messages(
-            [HumanMessage(f"question mode={mode} #{n}"), AIMessage(f"answer {n}")]
-        )
+        history.add_messages([HumanMessage(f"question mode={mode} #{n}"), AIMessage(f"answer {n}")])
         latencies.append(time.monotonic() - began)
         assert history.messages[-1].content == f"answer {n}"
     hang_started = time.monotonic()

@@ -25,16 +25,16 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.storage.archive import (
     _ERASERS,
     ERASER_GROUP,
     ForgetIncompleteError,
     find_eraser,
     register_eraser,
 )
-from langchain_tiered_memory.consolidation import erase_from_record as erase_folders
-from langchain_tiered_memory.long_memory import ChromaLongMemory
-from langchain_tiered_memory.long_memory import erase_from_record as erase_vectors
+from langchain_tiered_memory.tiers.consolidation import erase_from_record as erase_folders
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import erase_from_record as erase_vectors
 
 from .conftest import chroma_settings
 from .fakes import HashEmbeddings
@@ -46,8 +46,8 @@ _WRITER = """
 import json, sys
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from tests.fakes import HashEmbeddings
 from tests.reliability_support import MemoryWriter
 
@@ -84,7 +84,7 @@ _KILLED_CONSOLIDATION = """
 import json, os, signal, sys
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from tests.reliability_support import MemoryWriter
 
 cfg = json.loads(sys.argv[1])
@@ -229,7 +229,7 @@ def test_an_admin_process_forgets_what_tiers_of_other_processes_stored(
 
 
 def _folders(root: Path, sessions: list[str]) -> dict[str, Path]:
-    from langchain_tiered_memory._validation import safe_filename
+    from langchain_tiered_memory.core.validation import safe_filename
 
     return {s: root / safe_filename(s) for s in sessions}
 

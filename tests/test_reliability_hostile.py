@@ -35,9 +35,9 @@ from langchain_tiered_memory import (
     SessionFileArchive,
     TieredChatMessageHistory,
 )
-from langchain_tiered_memory.archive import render_url
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import MEMORY_CHARS, ChromaLongMemory
+from langchain_tiered_memory.storage.archive import render_url
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import MEMORY_CHARS, ChromaLongMemory
 
 from .fakes import HOSTILE, HashEmbeddings
 from .long_memory_support import FakeExtractor
@@ -114,8 +114,10 @@ JSON = st.recursive(
     | st.integers()
     | st.floats(allow_nan=False)
     | st.text(ALPHABET, max_size=30),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(ALPHABET, max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(ALPHABET, max_size=10), children, max_size=4)
+    ),
     max_leaves=25,
 )
 CONTENT = st.one_of(

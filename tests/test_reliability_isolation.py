@@ -30,8 +30,8 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
-from langchain_tiered_memory.consolidation import MemoryConsolidator
-from langchain_tiered_memory.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .reliability_support import MemoryWriter, archive_rows, files_under, table_rows
 
@@ -208,11 +208,7 @@ def test_1000_random_sessions_never_cross_scopes(
         memory.forget(user_id=user_id)
     for session_id, user_id in pairs:
         memory.forget(session_id=session_id, user_id=user_id)
-    gone = (
-        gone_sessions
-        | {s for s, u in owners.items() if u in gone_users}
-        | {s for s, _ in pairs}
-    )
+    gone = gone_sessions | {s for s, u in owners.items() if u in gone_users} | {s for s, _ in pairs}
     after = _fingerprints(backup, memory, root)
     for session_id in gone:  # no trace left in any tier
         assert session_id not in after["sessions"], (session_id, after["sessions"][session_id])

@@ -31,7 +31,7 @@ from langchain_core.messages import (
     messages_to_dict,
 )
 
-import langchain_tiered_memory.session_files as session_files
+import langchain_tiered_memory.storage.session_files as session_files
 from langchain_tiered_memory import (
     MemoryConsolidator,
     MySQLBackup,
@@ -39,7 +39,7 @@ from langchain_tiered_memory import (
     SessionOwnershipError,
     TieredChatMessageHistory,
 )
-from langchain_tiered_memory._validation import safe_filename
+from langchain_tiered_memory.core.validation import safe_filename
 
 from .fakes import HOSTILE, replies, turn
 

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Table, and_, delete, exists, false, func, insert, or_, select, update
 
-from langchain_tiered_memory._validation import check_int, check_seconds
+from langchain_tiered_memory.core.validation import check_int, check_seconds
+from langchain_tiered_memory.storage.base import Plan, PlanRunner, utcnow
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.archive import MySQLBackup, Plan
-    from langchain_tiered_memory.schema import Tables
+    from langchain_tiered_memory.storage.schema import Tables
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class JobQueue:
     """
 
     def __init__(
-        self, backup: MySQLBackup, kinds: Sequence[str], *, lease_seconds: float = 300.0
+        self, backup: PlanRunner, kinds: Sequence[str], *, lease_seconds: float = 300.0
     ) -> None:
         self.backup = backup
         self.kinds = tuple(kinds)
@@ -209,8 +209,6 @@ class JobQueue:
     # -- plans ----------------------------------------------------------------
 
     def _claim_plan(self, limit: int) -> Plan[list[Job]]:
-        from langchain_tiered_memory.archive import utcnow
-
         j, locks = self.jobs, self.backup.tables.locks
         now = utcnow()
         # One claimer at a time across processes: claims are short, and this keeps
@@ -273,8 +271,6 @@ class JobQueue:
 
     def _ready_plan(self, due_only: bool) -> Plan[int]:
         """Make :data:`DELAYED` jobs of this queue runnable: the due ones, or all."""
-        from langchain_tiered_memory.archive import utcnow
-
         j = self.jobs
         now = utcnow()
         conditions = [j.c.state == DELAYED, j.c.kind.in_(self.kinds)]
@@ -298,8 +294,6 @@ class JobQueue:
         )
 
     def _retry_plan(self, job: Job, error: str, delay: float, count: bool) -> Plan[None]:
-        from langchain_tiered_memory.archive import utcnow
-
         yield (
             update(self.jobs)
             .where(held_by(self.jobs, [job]))
@@ -315,8 +309,6 @@ class JobQueue:
         )
 
     def _renew_plan(self, jobs: Sequence[Job]) -> Plan[set[int]]:
-        from langchain_tiered_memory.archive import utcnow
-
         held = and_(held_by(self.jobs, jobs), self.jobs.c.state == "running")
         yield update(self.jobs).where(held).values(lease_until=utcnow() + self.lease)
         result = yield select(self.jobs.c.id).where(held)

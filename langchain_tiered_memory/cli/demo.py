@@ -30,8 +30,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 
-from langchain_tiered_memory.archive import Plan
-from langchain_tiered_memory.cli import (
+from langchain_tiered_memory.cli.app import (
     Store,
     _all_history,
     _message_text,
@@ -39,7 +38,8 @@ from langchain_tiered_memory.cli import (
     _shorten,
     _stamp,
 )
-from langchain_tiered_memory.tokens import estimate_tokens
+from langchain_tiered_memory.storage.base import Plan
+from langchain_tiered_memory.text.tokens import estimate_tokens
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -226,8 +226,8 @@ class Demo:
     def __init__(
         self, store: Store, console: Console, llm: BaseChatModel | None, run_id: str
     ) -> None:
-        from langchain_tiered_memory.compression import ContextCompressor
-        from langchain_tiered_memory.llms import ScriptedChatModel
+        from langchain_tiered_memory.cli.llms import ScriptedChatModel
+        from langchain_tiered_memory.tiers.compression import ContextCompressor
 
         self.store = store
         self.console = console
@@ -265,7 +265,7 @@ class Demo:
 
     def history(self, session_id: str) -> Any:
         """The session's TieredChatMessageHistory on the demo's tiers."""
-        from langchain_tiered_memory.history import TieredChatMessageHistory
+        from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 
         return TieredChatMessageHistory(
             session_id,

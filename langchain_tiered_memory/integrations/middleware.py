@@ -30,15 +30,15 @@ from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
 
-from langchain_tiered_memory._validation import check_int, validate_id, validate_optional_id
-from langchain_tiered_memory.archive import MySQLBackup
-from langchain_tiered_memory.compression import ContextCompressor
-from langchain_tiered_memory.history import (
+from langchain_tiered_memory.core.validation import check_int, validate_id, validate_optional_id
+from langchain_tiered_memory.memory.history import (
     TieredChatMessageHistory,
     format_memory_context,
     resolve_backup,
 )
-from langchain_tiered_memory.window import split_turns
+from langchain_tiered_memory.storage.archive import MySQLBackup
+from langchain_tiered_memory.tiers.compression import ContextCompressor
+from langchain_tiered_memory.tiers.window import split_turns
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (statele
 MAX_CACHED_COMPRESSORS = 32
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.consolidation import MemoryConsolidator
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
-    from langchain_tiered_memory.session_files import SessionFileArchive
+    from langchain_tiered_memory.storage.session_files import SessionFileArchive
+    from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 
 class TieredMemoryState(AgentState[Any]):

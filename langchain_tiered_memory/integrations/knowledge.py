@@ -23,9 +23,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
-from langchain_tiered_memory._extras import import_extra
-from langchain_tiered_memory._validation import check_int
-from langchain_tiered_memory.long_memory import PAGE, ChromaLongMemory, _hash
+from langchain_tiered_memory.core.extras import import_extra
+from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.tiers.long_memory import PAGE, ChromaLongMemory, _hash
 
 if TYPE_CHECKING:
     from langchain_text_splitters import TextSplitter
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 UPSERT_BATCH = 512
-
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -116,7 +115,7 @@ class KnowledgeBase:
             collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
         )
         if embedding is None:
-            from langchain_tiered_memory.embeddings import MiniLMEmbeddings
+            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 
             embedding = MiniLMEmbeddings()
         self.embedding = embedding
@@ -390,6 +389,4 @@ class KnowledgeRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        return await self.knowledge_base.asearch(
-            query, k=kwargs.get("k", self.k), where=self.where
-        )
+        return await self.knowledge_base.asearch(query, k=kwargs.get("k", self.k), where=self.where)

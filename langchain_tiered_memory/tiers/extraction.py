@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from langchain_tiered_memory.archive import role_of
-from langchain_tiered_memory.lexical import cjk_share
+from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.text.lexical import cjk_share
 
 PROMPTS = {
     "zh": (

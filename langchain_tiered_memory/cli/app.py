@@ -41,22 +41,22 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import bindparam, func, select, text
 
-from langchain_tiered_memory._validation import validate_id, validate_optional_id
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.core.validation import validate_id, validate_optional_id
+from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
     ArchiveUnavailableError,
     MySQLBackup,
-    Plan,
     SessionOwnershipError,
 )
+from langchain_tiered_memory.storage.base import Plan
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
     from langchain_core.embeddings import Embeddings
     from langchain_core.language_models import BaseChatModel
 
-    from langchain_tiered_memory.consolidation import MemoryConsolidator
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -77,7 +77,7 @@ def make_embedding() -> Embeddings | None:
     """The long-term tier's embedding for every command.
 
     ``None`` (the default) selects the offline all-MiniLM-L6-v2. Replace this
-    function (``langchain_tiered_memory.cli.make_embedding = ...``) to run the
+    function (``langchain_tiered_memory.cli.app.make_embedding = ...``) to run the
     commands with another LangChain ``Embeddings``, as the tests do.
     """
     return None
@@ -271,7 +271,7 @@ class Store:
                 otherwise a server that is down only means search from the catalog.
             **kwargs: More ``ChromaLongMemory`` arguments.
         """
-        from langchain_tiered_memory.long_memory import ChromaLongMemory
+        from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
         server = self.chroma_server()
         location: dict[str, Any] = (
@@ -302,8 +302,8 @@ class Store:
 
     def consolidator(self, llm: BaseChatModel | None = None, **kwargs: Any) -> MemoryConsolidator:
         """The MEMORY.md tier on this store's archive (no worker unless asked)."""
-        from langchain_tiered_memory.consolidation import MemoryConsolidator
-        from langchain_tiered_memory.llms import ScriptedChatModel
+        from langchain_tiered_memory.cli.llms import ScriptedChatModel
+        from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
         kwargs.setdefault("start_worker", False)
         consolidator = MemoryConsolidator(
@@ -831,7 +831,7 @@ def _chroma_vectors(store: Store) -> str:
     server = store.chroma_server()
     if server is None and not store.chroma_path.exists():
         return "0 (no embedded Chroma store yet)"
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
     try:
         client = ChromaLongMemory._make_client(
@@ -953,8 +953,8 @@ def demo(
     MEMORY.md, and a later session recalling an early fact. With OPENAI_API_KEY or a
     reachable Ollama it uses that model; otherwise a scripted one, offline.
     """
-    from langchain_tiered_memory.demo import DEMO_USER, Demo
-    from langchain_tiered_memory.llms import detect_llm
+    from langchain_tiered_memory.cli.demo import DEMO_USER, Demo
+    from langchain_tiered_memory.cli.llms import detect_llm
 
     started = time.perf_counter()
     console = _out()
@@ -1012,7 +1012,7 @@ def demo(
 
 
 def main() -> None:
-    """Entry point of ``python -m langchain_tiered_memory.cli``."""
+    """Entry point of ``python -m langchain_tiered_memory.cli.app``."""
     app()
 
 

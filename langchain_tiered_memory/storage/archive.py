@@ -17,9 +17,9 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote_plus
@@ -44,9 +44,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.sql import Executable
 
-from langchain_tiered_memory._validation import (
+from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.validation import (
     check_int,
     check_number,
     check_optional_int,
@@ -56,12 +56,13 @@ from langchain_tiered_memory._validation import (
     validate_optional_id,
     validate_page,
 )
-from langchain_tiered_memory.jobs import (
+from langchain_tiered_memory.storage.base import Plan, adrive, drive, utcnow
+from langchain_tiered_memory.storage.jobs import (
     DELAYED,
     backlog_enqueue_plan,
     enqueue_statement,
 )
-from langchain_tiered_memory.schema import (
+from langchain_tiered_memory.storage.schema import (
     Tables,
     build_tables,
     ensure_columns,
@@ -95,14 +96,6 @@ _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.IGNORECASE
 SETTLE_SCAN = 500
 
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
-_ROLE_OF_TYPE = {
-    "HumanMessageChunk": "human",
-    "AIMessageChunk": "ai",
-    "ToolMessageChunk": "tool",
-    "SystemMessageChunk": "system",
-    "FunctionMessageChunk": "function",
-    "ChatMessageChunk": "chat",
-}
 
 
 class ArchiveUnavailableError(RuntimeError):
@@ -257,40 +250,13 @@ def default_home() -> Path:
     return Path(os.environ.get("TIERED_MEMORY_HOME") or ".tiered_memory")
 
 
-def role_of(message: BaseMessage) -> str:
-    """The archive's role column for a message (chunks count as their full type)."""
-    return _ROLE_OF_TYPE.get(message.type, message.type)
-
-
-def utcnow() -> datetime:
-    """Naive UTC now, as stored in the archive's timestamp columns."""
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-# -- plans: the shared logic of sync and async methods ------------------------
-#
-# A plan is a generator that yields statements and receives their results; a sync
-# or an async driver runs it inside one transaction.
-
-Plan = Generator[Executable, Any, T]
-
-
-def _drive(plan: Plan[T], execute: Callable[[Executable], Any]) -> T:
-    try:
-        statement = next(plan)
-        while True:
-            statement = plan.send(execute(statement))
-    except StopIteration as stop:
-        return stop.value
-
-
 def _run_sync(engine: Engine, plan: Plan[T], options: dict[str, Any], read_only: bool) -> T:
     with engine.connect() as conn:
         conn.execution_options(**options)
         if read_only:  # no BEGIN/COMMIT round trips; the pool rolls back on return
-            return _drive(plan, conn.execute)
+            return drive(plan, conn.execute)
         with conn.begin():
-            return _drive(plan, conn.execute)
+            return drive(plan, conn.execute)
 
 
 async def _run_async(
@@ -300,23 +266,14 @@ async def _run_async(
         try:
             await conn.execution_options(**options)
             if read_only:
-                return await _adrive(plan, conn)
+                return await adrive(plan, conn)
             async with conn.begin():
-                return await _adrive(plan, conn)
+                return await adrive(plan, conn)
         except asyncio.CancelledError:
             # Cut off mid-conversation (the deadline, or the caller): the server's
             # reply may still arrive, so the connection is discarded, never pooled.
             await conn.invalidate()
             raise
-
-
-async def _adrive(plan: Plan[T], conn: Any) -> T:
-    try:
-        statement = next(plan)
-        while True:
-            statement = plan.send(await conn.execute(statement))
-    except StopIteration as stop:
-        return stop.value
 
 
 def _encode(message: BaseMessage) -> list[str]:
@@ -343,7 +300,7 @@ class MySQLBackup:
             production, ``sqlite:///path.db`` embedded. ``None`` means a SQLite file
             under ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``).
         table_name: Base name of the archive's tables: letters, digits and
-            underscores, at most :func:`~langchain_tiered_memory.schema.max_table_name_length`
+            underscores, at most :func:`max_table_name_length`
             (37) characters, so that every derived table and index name fits MySQL's
             64-character limit.
         engine_kwargs: Extra keyword arguments for ``create_engine`` (its
@@ -1259,7 +1216,7 @@ def validate_table_name(table_name: Any) -> str:
     Raises:
         TypeError: If it is not a str.
         ValueError: If it is not letters, digits and underscores (not starting with
-            a digit), or longer than :func:`~langchain_tiered_memory.schema.max_table_name_length`.
+            a digit), or longer than :func:`max_table_name_length`.
     """
     if not isinstance(table_name, str):
         msg = f"table_name must be a str, got {type(table_name).__name__}"
@@ -1398,3 +1355,17 @@ def _configure_sqlite(engine: Engine, timeout: float = DEFAULT_TIMEOUT) -> None:
         statement = conn.get_execution_options().get("sqlite_begin", "BEGIN")
         if statement:  # None: an autocommit read
             conn.exec_driver_sql(statement)
+
+
+_default_lock = threading.Lock()
+_default_backups: dict[str, MySQLBackup] = {}
+
+
+def default_backup() -> MySQLBackup:
+    """The embedded SQLite archive under ``$TIERED_MEMORY_HOME``, one per folder."""
+    key = str(default_home().resolve())
+    with _default_lock:
+        backup = _default_backups.get(key)
+        if backup is None:
+            backup = _default_backups[key] = MySQLBackup()
+        return backup

@@ -288,9 +288,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         self.continue_prompt = continue_prompt or CONTINUE_PROMPTS[language]
 
     def __repr__(self) -> str:
-        return (
-            f"FinishReasonHandler(llm={self.llm!r}, max_continuations={self.max_continuations})"
-        )
+        return f"FinishReasonHandler(llm={self.llm!r}, max_continuations={self.max_continuations})"
 
     def _copy(self, llm: Runnable[Any, Any]) -> FinishReasonHandler:
         return FinishReasonHandler(

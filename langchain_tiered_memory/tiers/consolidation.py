@@ -15,7 +15,7 @@ against the newest committed entry and cuts off whatever follows it (a torn
 entry of a kill or a full disk, an entry whose commit never happened), or
 rebuilds the file from the database when that check fails. The files of a root
 are written under a file lock and only by the holder of the job's lease (see
-:mod:`~langchain_tiered_memory.jobs`); a stale runner whose commit is refused
+:mod:`~langchain_tiered_memory.storage.jobs`); a stale runner whose commit is refused
 puts them back as the database has them. A disk error is not an LLM failure: the
 batch is retried with backoff and never falls back to ``[RAW]`` for it.
 
@@ -40,24 +40,24 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory._validation import (
+from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.validation import (
     check_int,
     check_seconds,
     safe_filename,
     validate_id,
     validate_optional_id,
 )
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.storage.archive import (
     ArchiveUnavailableError,
     ForgetHook,
     MySQLBackup,
-    Plan,
+    default_backup,
     default_home,
     register_eraser,
-    role_of,
-    utcnow,
 )
-from langchain_tiered_memory.jobs import (
+from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.jobs import (
     Job,
     JobQueue,
     QueueWorker,
@@ -65,8 +65,8 @@ from langchain_tiered_memory.jobs import (
     call_with_timeout,
     held_by,
 )
-from langchain_tiered_memory.lexical import cjk_share
-from langchain_tiered_memory.session_files import atomic_write
+from langchain_tiered_memory.storage.session_files import atomic_write
+from langchain_tiered_memory.text.lexical import cjk_share
 
 logger = logging.getLogger(__name__)
 
@@ -228,8 +228,6 @@ class MemoryConsolidator(QueueWorker):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
             raise ValueError(msg)
         if backup is None:
-            from langchain_tiered_memory.history import default_backup
-
             backup = default_backup()
         self.llm = llm
         self.root = Path(root) if root is not None else default_home() / "memory"
@@ -487,7 +485,7 @@ class MemoryConsolidator(QueueWorker):
         entry: str,
         raw: bool,
     ) -> Plan[bool]:
-        from langchain_tiered_memory.jobs import backlog_enqueue_plan
+        from langchain_tiered_memory.storage.jobs import backlog_enqueue_plan
 
         c, h, j = self.tables.consolidation, self.tables.history_log, self.tables.jobs
         now = utcnow()

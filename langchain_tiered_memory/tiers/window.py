@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from langchain_tiered_memory.archive import role_of
+from langchain_tiered_memory.core.turns import role_of
 
 
 def split_turns(messages: Sequence[BaseMessage]) -> list[list[BaseMessage]]:

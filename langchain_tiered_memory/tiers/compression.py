@@ -32,8 +32,8 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from langchain_tiered_memory.lexical import cjk_share
-from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
+from langchain_tiered_memory.text.lexical import cjk_share
+from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
 
 SUMMARY_KEY = "tiered_memory_summary"
 MAX_SEEN_OUTPUTS = 512  # tool-output keys remembered across re-compressions

@@ -42,31 +42,25 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, or_, select, update
 
-from langchain_tiered_memory._extras import import_extra
-from langchain_tiered_memory._validation import (
+from langchain_tiered_memory.core.extras import import_extra
+from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.validation import (
     check_int,
     check_number,
     check_seconds,
     validate_id,
 )
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.storage.archive import (
     ArchiveUnavailableError,
     ForgetHook,
     MySQLBackup,
-    Plan,
+    default_backup,
     default_home,
     register_eraser,
-    role_of,
     scope_conditions,
-    utcnow,
 )
-from langchain_tiered_memory.extraction import (
-    detect_language,
-    extraction_prompt,
-    format_turn,
-    parse_extraction,
-)
-from langchain_tiered_memory.jobs import (
+from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.jobs import (
     Job,
     JobQueue,
     QueueWorker,
@@ -74,7 +68,13 @@ from langchain_tiered_memory.jobs import (
     call_with_timeout,
     held_by,
 )
-from langchain_tiered_memory.lexical import BM25Index, cjk_share, fuse, tokenize
+from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
+from langchain_tiered_memory.tiers.extraction import (
+    detect_language,
+    extraction_prompt,
+    format_turn,
+    parse_extraction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -447,8 +447,6 @@ class ChromaLongMemory(QueueWorker):
             msg = f"collection_name must be a str, got {type(collection_name).__name__}"
             raise TypeError(msg)
         if backup is None:
-            from langchain_tiered_memory.history import default_backup
-
             backup = default_backup()
         self.backup = backup
         self._client_args = (client, persist_directory, host, port)
@@ -475,7 +473,7 @@ class ChromaLongMemory(QueueWorker):
                 exc,
             )
         if embedding is None:
-            from langchain_tiered_memory.embeddings import MiniLMEmbeddings
+            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 
             embedding = MiniLMEmbeddings()
         self.embedding = embedding
@@ -961,7 +959,7 @@ class ChromaLongMemory(QueueWorker):
         """The ``k`` memories of a scope most relevant to ``query``.
 
         Dense similarity and CJK-aware BM25 are blended (see
-        :func:`~langchain_tiered_memory.lexical.fuse`); when the query is Chinese
+        :func:`~langchain_tiered_memory.text.lexical.fuse`); when the query is Chinese
         and the embedding model knows no Chinese, the dense side is left out so it
         cannot drag the ranking down. Among near-duplicates that score about the
         same (the same words with other numbers: a price, an IBAN, a date that

@@ -5,7 +5,7 @@ user who wrote it) and ``<root>/{session}.meta.json`` the session's creation tim
 last activity, message count, last writer and every user who wrote to it. Every
 write goes to a temporary file that is renamed over the old one, so a crash
 mid-write leaves the previous file whole. Session ids become safe
-file names (:func:`~langchain_tiered_memory._validation.safe_filename`), so
+file names (:func:`~langchain_tiered_memory.core.validation.safe_filename`), so
 ``../x``, absolute paths and odd characters never leave ``root``.
 
 It serves ``TieredChatMessageHistory`` (window, restart recovery) without a
@@ -28,7 +28,8 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 
-from langchain_tiered_memory._validation import (
+from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.validation import (
     check_int,
     safe_filename,
     validate_batch,
@@ -36,14 +37,13 @@ from langchain_tiered_memory._validation import (
     validate_optional_id,
     validate_page,
 )
-from langchain_tiered_memory.archive import (
+from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
     SessionInfo,
     SessionOwnershipError,
     default_home,
-    role_of,
-    utcnow,
 )
+from langchain_tiered_memory.storage.base import utcnow
 
 #: The temporary files of :func:`atomic_write`: ``.{name}.{pid}.{thread id}.tmp``.
 TMP_FILE = re.compile(r"\..+\.\d+\.\d+\.tmp")
@@ -77,7 +77,7 @@ class SessionFileArchive:
     """Archive backend of JSON session files (the design's ``{session_id}.json``).
 
     ``forget`` follows :meth:`MySQLBackup.forget
-    <langchain_tiered_memory.archive.MySQLBackup.forget>`: a user's forget removes
+    <langchain_tiered_memory.storage.archive.MySQLBackup.forget>`: a user's forget removes
     the messages that user wrote, in every session they ever wrote to (a session
     shared with another user keeps that user's messages), and the temporary files
     of killed writers, which may hold anyone's unacknowledged messages.
@@ -290,7 +290,7 @@ class SessionFileArchive:
 
         Raises:
             TypeError, ValueError: As :meth:`MySQLBackup.history
-                <langchain_tiered_memory.archive.MySQLBackup.history>`.
+                <langchain_tiered_memory.storage.archive.MySQLBackup.history>`.
         """
         session_id, before_id, limit = validate_page(session_id, before_id, limit)
         self.check_owner(session_id, user_id)
@@ -384,7 +384,7 @@ class SessionFileArchive:
         """Delete a session, a user's messages, or one user's messages of a session.
 
         Like :meth:`MySQLBackup.forget
-        <langchain_tiered_memory.archive.MySQLBackup.forget>`: with a ``user_id``,
+        <langchain_tiered_memory.storage.archive.MySQLBackup.forget>`: with a ``user_id``,
         only the messages that user wrote go, from every session they ever wrote
         to (or from ``session_id`` alone); a session left empty is removed. Every
         temporary file a killed writer left in ``root`` goes too (no live writer

@@ -41,18 +41,18 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.runnables.config import run_in_executor
 
-from langchain_tiered_memory._validation import check_int
-from langchain_tiered_memory.archive import MySQLBackup, SessionOwnershipError
-from langchain_tiered_memory.compression import ContextCompressor
-from langchain_tiered_memory.finish_reason import FinishReasonHandler, _as_ai
-from langchain_tiered_memory.history import TieredChatMessageHistory, resolve_backup
-from langchain_tiered_memory.knowledge import KnowledgeBase
+from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, _as_ai
+from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
+from langchain_tiered_memory.memory.history import TieredChatMessageHistory, resolve_backup
+from langchain_tiered_memory.storage.archive import MySQLBackup, SessionOwnershipError
+from langchain_tiered_memory.tiers.compression import ContextCompressor
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.consolidation import MemoryConsolidator
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
-    from langchain_tiered_memory.session_files import SessionFileArchive
-    from langchain_tiered_memory.tokens import TokenCounter
+    from langchain_tiered_memory.storage.session_files import SessionFileArchive
+    from langchain_tiered_memory.text.tokens import TokenCounter
+    from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from langchain_core.messages import (
 from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field, model_validator
 
-from langchain_tiered_memory.history import TieredChatMessageHistory, format_memory_context
+from langchain_tiered_memory.memory.history import TieredChatMessageHistory, format_memory_context
 
 # ConversationSummaryBufferMemory arguments with no counterpart here, and why.
 _REPLACED = {

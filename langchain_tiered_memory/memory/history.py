@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -10,37 +9,24 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 
-from langchain_tiered_memory._validation import (
+from langchain_tiered_memory.core.validation import (
     check_int,
     check_optional_int,
     validate_id,
     validate_messages,
     validate_optional_id,
 )
-from langchain_tiered_memory.archive import MySQLBackup, default_home
-from langchain_tiered_memory.tokens import TokenCounter, resolve_token_counter
-from langchain_tiered_memory.window import select_window
+from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup
+from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
+from langchain_tiered_memory.tiers.window import select_window
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.consolidation import MemoryConsolidator
-    from langchain_tiered_memory.long_memory import ChromaLongMemory
-    from langchain_tiered_memory.session_files import SessionFileArchive
+    from langchain_tiered_memory.storage.session_files import SessionFileArchive
+    from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
+    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 CONSOLIDATED_HEADER = "Consolidated memory (MEMORY.md):"
 MEMORIES_HEADER = "Relevant long-term memories:"
-
-_default_backups: dict[str, MySQLBackup] = {}
-_default_lock = threading.Lock()
-
-
-def default_backup() -> MySQLBackup:
-    """The embedded SQLite archive under ``$TIERED_MEMORY_HOME``, one per folder."""
-    key = str(default_home().resolve())
-    with _default_lock:
-        backup = _default_backups.get(key)
-        if backup is None:
-            backup = _default_backups[key] = MySQLBackup()
-        return backup
 
 
 def resolve_backup(

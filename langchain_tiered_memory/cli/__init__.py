@@ -1,0 +1,1 @@
+"""Command line: the typer app, its store, rendering and the offline demo (top layer)."""

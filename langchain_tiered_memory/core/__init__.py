@@ -1,0 +1,1 @@
+"""Bottom layer: validation rules, the definition of a turn, optional-extra imports."""

@@ -1,0 +1,1 @@
+"""Entry points on top of the memory: chain, classic memory, agent middleware, knowledge docs."""

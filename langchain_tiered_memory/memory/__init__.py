@@ -1,0 +1,1 @@
+"""The composed memory: TieredChatMessageHistory over the archive and the tiers."""

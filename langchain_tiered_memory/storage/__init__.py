@@ -1,0 +1,1 @@
+"""Storage layer: the archive (SQL or session files), its schema, and the durable job queue."""

@@ -1,0 +1,1 @@
+"""Text layer: token counting, lexical search (CJK-aware) and offline embeddings."""

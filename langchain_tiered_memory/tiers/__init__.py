@@ -1,0 +1,1 @@
+"""Tiers derived from the archive: window, compression, consolidation, long-term memory."""
