@@ -28,7 +28,7 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     TieredMemoryMiddleware,
 )
-from langchain_tiered_memory import middleware as middleware_module
+from langchain_tiered_memory.integrations import middleware as middleware_module
 from langchain_tiered_memory.tiers.compression import validate_conversation
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
