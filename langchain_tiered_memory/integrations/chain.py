@@ -23,11 +23,12 @@ Empty sections are left out.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import operator
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.documents import Document
@@ -39,10 +40,19 @@ from langchain_core.messages import (
     SystemMessage,
 )
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
-from langchain_core.runnables.config import run_in_executor
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.steps import (
+    Call,
+    Gather,
+    StepPlan,
+    arun,
+    arun_stream,
+    run,
+    run_stream,
+)
 from langchain_tiered_memory.core.validation import check_int
-from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, _as_ai
+from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory, resolve_backup
 from langchain_tiered_memory.storage.archive import MySQLBackup, SessionOwnershipError
@@ -290,76 +300,41 @@ class TieredChain(Runnable[Any, AIMessage]):
             k=self.k,
         )
 
-    def _context(
+    def _context_plan(
         self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
-    ) -> _Context:
-        context = _Context(window=history.messages)
+    ) -> StepPlan[_Context]:
+        """Read the window and the tiers together (concurrently on the async path).
+
+        A failing tier is reported by :meth:`_failed` and left out; a failing window
+        read fails the call (the archive is required).
+        """
+        tiers: dict[str, Call[Any]] = {}
         if self.long_memory is not None:
-            try:
-                context.memories = _as_documents(
-                    self._memory_retriever(history).invoke(question, config)
-                )
-            except Exception as exc:
-                self._failed("long-term memory search", exc)
-        if self.consolidator is not None:
-            try:
-                context.consolidated = history.consolidated_memory
-            except Exception as exc:
-                self._failed("MEMORY.md", exc)
+            # ChromaLongMemory has no async search: BaseRetriever.ainvoke runs the
+            # sync one in the executor.
+            retriever = self._memory_retriever(history)
+            tiers["long-term memory search"] = steps.invoke(retriever, question, config)
+        if self.consolidator is not None:  # a sync-only database read
+            tiers["MEMORY.md"] = steps.offload(lambda: history.consolidated_memory, config)
         if self.knowledge is not None:
-            try:
-                context.documents = _as_documents(self.knowledge.invoke(question, config))
-            except Exception as exc:
-                self._failed("knowledge base retrieval", exc)
-        return context
-
-    async def _acontext(
-        self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
-    ) -> _Context:
-        async def memories() -> list[Document]:
-            if self.long_memory is None:
-                return []
-            try:
-                # ChromaLongMemory has no async search: BaseRetriever.ainvoke runs
-                # the sync one in the executor.
-                found = await self._memory_retriever(history).ainvoke(question, config)
-            except Exception as exc:
-                self._failed("long-term memory search", exc)
-                return []
-            return _as_documents(found)
-
-        async def consolidated() -> str:
-            if self.consolidator is None:
-                return ""
-            try:  # a sync-only database read
-                return await run_in_executor(config, lambda: history.consolidated_memory)
-            except Exception as exc:
-                self._failed("MEMORY.md", exc)
-                return ""
-
-        async def documents() -> list[Document]:
-            if self.knowledge is None:
-                return []
-            try:
-                found = await self.knowledge.ainvoke(question, config)
-            except Exception as exc:
-                self._failed("knowledge base retrieval", exc)
-                return []
-            return _as_documents(found)
-
-        results = await asyncio.gather(
-            history.aget_messages(), memories(), consolidated(), documents(),
-            return_exceptions=True,
-        )  # fmt: skip
-        for result in results:  # only the window read raises: the archive is required
-            if isinstance(result, BaseException):
+            tiers["knowledge base retrieval"] = steps.invoke(self.knowledge, question, config)
+        window_read = Call(lambda: history.messages, history.aget_messages)
+        window, *results = yield Gather((window_read, *tiers.values()))
+        if isinstance(window, BaseException):
+            raise window
+        found: dict[str, Any] = {}
+        for tier, result in zip(tiers, results, strict=True):
+            if isinstance(result, Exception):
+                self._failed(tier, result)
+            elif isinstance(result, BaseException):  # a cancellation is not a tier failure
                 raise result
-        window, found, memory_md, docs = results
+            else:
+                found[tier] = result
         return _Context(
-            window=window,  # type: ignore[arg-type]
-            memories=found,  # type: ignore[arg-type]
-            consolidated=memory_md,  # type: ignore[arg-type]
-            documents=docs,  # type: ignore[arg-type]
+            window=window,
+            memories=_as_documents(found.get("long-term memory search", [])),
+            consolidated=found.get("MEMORY.md", ""),
+            documents=_as_documents(found.get("knowledge base retrieval", [])),
         )
 
     def assemble(self, question: str, context: _Context) -> list[BaseMessage]:
@@ -393,69 +368,69 @@ class TieredChain(Runnable[Any, AIMessage]):
             messages.append(HumanMessage(question))
         return messages
 
-    def _prepare(
+    def _prepare_plan(
         self, input: Any, config: RunnableConfig
-    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
+    ) -> StepPlan[tuple[str, TieredChatMessageHistory, list[BaseMessage]]]:
         question, history = self._start(input, config)
         # The turn will be archived: refuse another user's session before any work.
-        history.check_owner(write=True)
-        messages = self.assemble(question, self._context(question, history, config))
-        return question, history, self.compressor.invoke(messages, config)
-
-    async def _aprepare(
-        self, input: Any, config: RunnableConfig
-    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
-        question, history = self._start(input, config)
-        await history.acheck_owner(write=True)
-        messages = self.assemble(question, await self._acontext(question, history, config))
-        return question, history, await self.compressor.ainvoke(messages, config)
+        yield Call(
+            lambda: history.check_owner(write=True), lambda: history.acheck_owner(write=True)
+        )
+        context = yield from self._context_plan(question, history, config)
+        messages = yield steps.invoke(self.compressor, self.assemble(question, context), config)
+        return question, history, messages
 
     def get_prompt(self, input: Any, config: RunnableConfig | None = None) -> list[BaseMessage]:
         """The messages the LLM would be sent for ``input`` now (after compression).
 
         Nothing is archived and the LLM is not called: for debugging and tests.
         """
-        return self._prepare(input, ensure_config(config))[2]
+        return run(self._prepare_plan(input, ensure_config(config)))[2]
 
     async def aget_prompt(
         self, input: Any, config: RunnableConfig | None = None
     ) -> list[BaseMessage]:
         """Async :meth:`get_prompt`."""
-        return (await self._aprepare(input, ensure_config(config)))[2]
+        return (await arun(self._prepare_plan(input, ensure_config(config))))[2]
 
     # -- Runnable ---------------------------------------------------------------
 
-    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
-        question, history, messages = self._prepare(input, config)
-        answer = self.llm.invoke(messages, config)
-        history.add_messages([HumanMessage(question), answer])
+    def _answer_plan(
+        self, input: Any, config: RunnableConfig, streaming: bool
+    ) -> StepPlan[AIMessage]:
+        question, history, messages = yield from self._prepare_plan(input, config)
+        if streaming:
+            chunks: list[AIMessageChunk] = []
+
+            def keep(chunk: AIMessageChunk) -> AIMessageChunk:
+                chunks.append(chunk)
+                return chunk
+
+            yield steps.stream(self.llm, messages, config, keep)
+            answer = as_ai(reduce(operator.add, chunks) if chunks else AIMessageChunk(""))
+        else:
+            answer = yield steps.invoke(self.llm, messages, config)
+        # Reached only when the answer is complete: an error or an abandoned stream
+        # never archives half an answer.
+        turn = [HumanMessage(question), answer]
+        yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         return answer
+
+    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+        return run(self._answer_plan(input, config, False))
 
     async def _ainvoke(self, input: Any, config: RunnableConfig) -> AIMessage:
-        question, history, messages = await self._aprepare(input, config)
-        answer = await self.llm.ainvoke(messages, config)
-        await history.aadd_messages([HumanMessage(question), answer])
-        return answer
+        return await arun(self._answer_plan(input, config, False))
 
     def _stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AIMessageChunk]:
-        question, history, messages = self._prepare(next(iter(inputs)), config)
-        answer: AIMessageChunk | None = None
-        for chunk in self.llm.stream(messages, config):
-            answer = chunk if answer is None else answer + chunk
-            yield chunk
-        # Reached only when the stream completed: an error or an abandoned stream
-        # never archives half an answer.
-        history.add_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
+        yield from run_stream(self._answer_plan(next(iter(inputs)), config, True))
 
     async def _astream(
         self, inputs: AsyncIterator[Any], config: RunnableConfig
     ) -> AsyncIterator[AIMessageChunk]:
-        question, history, messages = await self._aprepare(await anext(aiter(inputs)), config)
-        answer: AIMessageChunk | None = None
-        async for chunk in self.llm.astream(messages, config):
-            answer = chunk if answer is None else answer + chunk
+        plan = self._answer_plan(await anext(aiter(inputs)), config, True)
+        async for chunk in arun_stream(plan):
             yield chunk
-        await history.aadd_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
         """Answer one question of a session and archive the turn."""

@@ -42,6 +42,9 @@ from langchain_core.messages.ai import add_usage
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.steps import Emit, StepPlan, arun, arun_stream, run, run_stream
+
 #: The ``response_metadata`` key of the mark left on every answer.
 MARK_KEY = "tiered_memory"
 
@@ -108,7 +111,12 @@ def _as_messages(value: Any) -> list[BaseMessage]:
     return convert_to_messages(value)
 
 
-def _as_ai(value: Any) -> AIMessage:
+def as_ai(value: Any) -> AIMessage:
+    """``value`` as a complete ``AIMessage``.
+
+    A chunk (or a sum of chunks) becomes a message; another message keeps its
+    content and response metadata; anything else is its ``str``.
+    """
     if isinstance(value, AIMessageChunk):
         value = message_chunk_to_message(value)
     if isinstance(value, AIMessage):
@@ -205,7 +213,7 @@ class _StreamParts:
         return chunk.model_copy(update={"response_metadata": metadata, "chunk_position": None})
 
     def part(self) -> AIMessage:
-        return _as_ai(self.current) if self.current is not None else AIMessage("")
+        return as_ai(self.current) if self.current is not None else AIMessage("")
 
     def final(self) -> AIMessageChunk:
         last = self.part()
@@ -343,61 +351,56 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
     def _text(parts: Sequence[AIMessage]) -> str:
         return "".join(part.text for part in parts)
 
+    def _plan(
+        self, messages: list[BaseMessage], config: RunnableConfig, streaming: bool, **kwargs: Any
+    ) -> StepPlan[AIMessage]:
+        """Ask, then ask to continue while the answer is cut; relay chunks when streaming."""
+        state = _StreamParts()
+        parts: list[AIMessage] = []
+        prompt = messages
+        while True:
+            if streaming:
+                state.start_part()
+                yield steps.stream(
+                    self.llm,
+                    prompt,
+                    config,
+                    lambda chunk: state.outgoing(_as_chunk(chunk)),
+                    **kwargs,
+                )
+                parts.append(state.part())
+            else:
+                parts.append(as_ai((yield steps.invoke(self.llm, prompt, config, **kwargs))))
+            if not self._should_continue(parts[-1], len(parts) - 1):
+                break
+            state.continuations += 1
+            prompt = self._continuation(messages, self._text(parts))
+        if streaming:
+            yield Emit(state.final())
+        return stitch(parts)
+
     def _invoke(
         self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
     ) -> AIMessage:
-        messages = _as_messages(input)
-        parts = [_as_ai(self.llm.invoke(messages, config, **kwargs))]
-        while self._should_continue(parts[-1], len(parts) - 1):
-            prompt = self._continuation(messages, self._text(parts))
-            parts.append(_as_ai(self.llm.invoke(prompt, config, **kwargs)))
-        return stitch(parts)
+        return run(self._plan(_as_messages(input), config, False, **kwargs))
 
     async def _ainvoke(
         self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
     ) -> AIMessage:
-        messages = _as_messages(input)
-        parts = [_as_ai(await self.llm.ainvoke(messages, config, **kwargs))]
-        while self._should_continue(parts[-1], len(parts) - 1):
-            prompt = self._continuation(messages, self._text(parts))
-            parts.append(_as_ai(await self.llm.ainvoke(prompt, config, **kwargs)))
-        return stitch(parts)
+        return await arun(self._plan(_as_messages(input), config, False, **kwargs))
 
     def _stream(
         self, inputs: Iterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
         messages = _as_messages(next(iter(inputs)))
-        state = _StreamParts()
-        parts: list[AIMessage] = []
-        prompt = messages
-        while True:
-            state.start_part()
-            for chunk in self.llm.stream(prompt, config, **kwargs):
-                yield state.outgoing(_as_chunk(chunk))
-            parts.append(state.part())
-            if not self._should_continue(parts[-1], len(parts) - 1):
-                break
-            state.continuations += 1
-            prompt = self._continuation(messages, self._text(parts))
-        yield state.final()
+        yield from run_stream(self._plan(messages, config, True, **kwargs))
 
     async def _astream(
         self, inputs: AsyncIterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
     ) -> AsyncIterator[AIMessageChunk]:
         messages = _as_messages(await anext(aiter(inputs)))
-        state = _StreamParts()
-        parts: list[AIMessage] = []
-        prompt = messages
-        while True:
-            state.start_part()
-            async for chunk in self.llm.astream(prompt, config, **kwargs):
-                yield state.outgoing(_as_chunk(chunk))
-            parts.append(state.part())
-            if not self._should_continue(parts[-1], len(parts) - 1):
-                break
-            state.continuations += 1
-            prompt = self._continuation(messages, self._text(parts))
-        yield state.final()
+        async for chunk in arun_stream(self._plan(messages, config, True, **kwargs)):
+            yield chunk
 
     # -- Runnable ---------------------------------------------------------------
 
