@@ -193,6 +193,8 @@ def test_bad_settings_are_typed_errors(
             create_tiered_chain(llm, backup=backup, **kwargs)
     with pytest.raises(TypeError, match="llm must be"):
         create_tiered_chain("gpt-4o", backup=backup)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="windw_turns"):  # a misspelt option is refused
+        create_tiered_chain(llm, backup=backup, windw_turns=3)  # type: ignore[call-arg]
     other = MySQLBackup(f"sqlite:///{tmp_path / 'other.sqlite3'}")
     try:
         with pytest.raises(ValueError, match="same backup"):

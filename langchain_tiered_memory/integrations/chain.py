@@ -29,7 +29,7 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 from langchain_core.documents import Document
 from langchain_core.messages import (
@@ -139,6 +139,59 @@ def _as_documents(value: Any) -> list[Document]:
     ]
 
 
+class ChainOptions(TypedDict, total=False):
+    """The keyword options of :func:`create_tiered_chain` (and :class:`TieredChain`).
+
+    Every key is optional; the defaults are given below.
+
+    Attributes:
+        backup: The archive: a ``MySQLBackup``, a database URL, a
+            ``SessionFileArchive``; ``None`` means the tiers' archive or the
+            embedded default (the default).
+        long_memory: The long-term tier; ``None`` (default) for none.
+        knowledge: Any ``BaseRetriever`` (or a ``KnowledgeBase``) whose documents
+            go into the prompt; ``None`` (default) for none.
+        consolidator: The MEMORY.md tier; ``None`` (default) for none.
+        compressor: Runs on the assembled prompt before the LLM; default
+            ``ContextCompressor(language=language, token_counter=token_counter)``.
+        system_prompt: Replaces the language's default instructions at the top
+            of the prompt.
+        language: ``"en"`` (default) or ``"zh"``: section labels, default system prompt,
+            the compressor's summary and the continue prompt.
+        input_key: The question's key in a dict input; default ``"input"``.
+        window_turns: Recent turns in the window; default 10.
+        window_max_tokens: The window's token budget (``None`` for none); default 8000.
+        token_counter: Counts tokens for the window and the default compressor.
+        k: Long-term memories per question; default 10.
+        memory_scope: ``"session"`` (default), or ``"user"`` to recall across the user's
+            sessions (then ``user_id`` is required in the config).
+        knowledge_k: Documents per question when ``knowledge`` is a
+            ``KnowledgeBase``; default 4.
+        max_continuations: Continuations of a truncated answer; default 3.
+        retrieval_errors: ``"warn"`` (default): a failing long-term memory,
+            MEMORY.md or knowledge base is logged, warned about
+            (:class:`RetrievalFailedWarning`) and left out; ``"raise"``: the call
+            fails.
+    """
+
+    backup: MySQLBackup | SessionFileArchive | str | None
+    long_memory: ChromaLongMemory | None
+    knowledge: Runnable[str, Any] | KnowledgeBase | None
+    consolidator: MemoryConsolidator | None
+    compressor: Runnable[Any, list[BaseMessage]] | None
+    system_prompt: str | None
+    language: Literal["en", "zh"]
+    input_key: str
+    window_turns: int
+    window_max_tokens: int | None
+    token_counter: TokenCounter | None
+    k: int
+    memory_scope: Literal["session", "user"]
+    knowledge_k: int
+    max_continuations: int
+    retrieval_errors: Literal["warn", "raise"]
+
+
 class TieredChain(Runnable[Any, AIMessage]):
     """The assembled pipeline; build it with :func:`create_tiered_chain`.
 
@@ -151,27 +204,28 @@ class TieredChain(Runnable[Any, AIMessage]):
     it was.
     """
 
-    def __init__(
-        self,
-        llm: Runnable[Any, Any],
-        *,
-        backup: MySQLBackup | SessionFileArchive | str | None = None,
-        long_memory: ChromaLongMemory | None = None,
-        knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
-        consolidator: MemoryConsolidator | None = None,
-        compressor: Runnable[Any, list[BaseMessage]] | None = None,
-        system_prompt: str | None = None,
-        language: Literal["en", "zh"] = "en",
-        input_key: str = "input",
-        window_turns: int = 10,
-        window_max_tokens: int | None = 8000,
-        token_counter: TokenCounter | None = None,
-        k: int = 10,
-        memory_scope: Literal["session", "user"] = "session",
-        knowledge_k: int = 4,
-        max_continuations: int = 3,
-        retrieval_errors: Literal["warn", "raise"] = "warn",
-    ) -> None:
+    def __init__(self, llm: Runnable[Any, Any], **options: Unpack[ChainOptions]) -> None:
+        unknown = sorted(options.keys() - ChainOptions.__optional_keys__)
+        if unknown:
+            msg = f"unexpected option(s) {', '.join(unknown)}; see ChainOptions"
+            raise TypeError(msg)
+        # The defaults documented on ChainOptions.
+        backup = options.get("backup")
+        long_memory = options.get("long_memory")
+        knowledge = options.get("knowledge")
+        consolidator = options.get("consolidator")
+        compressor = options.get("compressor")
+        system_prompt = options.get("system_prompt")
+        language = options.get("language", "en")
+        input_key = options.get("input_key", "input")
+        window_turns = options.get("window_turns", 10)
+        window_max_tokens = options.get("window_max_tokens", 8000)
+        token_counter = options.get("token_counter")
+        k = options.get("k", 10)
+        memory_scope = options.get("memory_scope", "session")
+        knowledge_k = options.get("knowledge_k", 4)
+        max_continuations = options.get("max_continuations", 3)
+        retrieval_errors = options.get("retrieval_errors", "warn")
         if language not in LABELS:
             msg = f"language must be 'en' or 'zh', got {language!r}"
             raise ValueError(msg)
@@ -460,26 +514,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             yield chunk
 
 
-def create_tiered_chain(
-    llm: Runnable[Any, Any],
-    *,
-    backup: MySQLBackup | SessionFileArchive | str | None = None,
-    long_memory: ChromaLongMemory | None = None,
-    knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
-    consolidator: MemoryConsolidator | None = None,
-    compressor: Runnable[Any, list[BaseMessage]] | None = None,
-    system_prompt: str | None = None,
-    language: Literal["en", "zh"] = "en",
-    input_key: str = "input",
-    window_turns: int = 10,
-    window_max_tokens: int | None = 8000,
-    token_counter: TokenCounter | None = None,
-    k: int = 10,
-    memory_scope: Literal["session", "user"] = "session",
-    knowledge_k: int = 4,
-    max_continuations: int = 3,
-    retrieval_errors: Literal["warn", "raise"] = "warn",
-) -> TieredChain:
+def create_tiered_chain(llm: Runnable[Any, Any], **options: Unpack[ChainOptions]) -> TieredChain:
     """The v3 design's chat pipeline: memories, window, knowledge, compression, LLM.
 
     Each call reads ``session_id`` (required) and ``user_id`` from
@@ -496,32 +531,8 @@ def create_tiered_chain(
 
     Args:
         llm: A chat model (or a ``FinishReasonHandler`` configured yourself).
-        backup: The archive: a ``MySQLBackup``, a database URL, a
-            ``SessionFileArchive``; ``None`` means the tiers' archive or the
-            embedded default.
-        long_memory: The long-term tier; ``None`` for none.
-        knowledge: Any ``BaseRetriever`` (or a ``KnowledgeBase``) whose documents
-            go into the prompt.
-        consolidator: The MEMORY.md tier; ``None`` for none.
-        compressor: Runs on the assembled prompt before the LLM; default
-            ``ContextCompressor(language=language, token_counter=token_counter)``.
-        system_prompt: Replaces the default instructions at the top of the prompt.
-        language: ``"en"`` or ``"zh"``: section labels, default system prompt,
-            the compressor's summary and the continue prompt.
-        input_key: The question's key in a dict input.
-        window_turns: Recent turns in the window.
-        window_max_tokens: The window's token budget (``None`` for none).
-        token_counter: Counts tokens for the window and the default compressor.
-        k: Long-term memories per question.
-        memory_scope: ``"session"``, or ``"user"`` to recall across the user's
-            sessions (then ``user_id`` is required in the config).
-        knowledge_k: Documents per question when ``knowledge`` is a
-            ``KnowledgeBase``.
-        max_continuations: Continuations of a truncated answer.
-        retrieval_errors: ``"warn"`` (default): a failing long-term memory,
-            MEMORY.md or knowledge base is logged, warned about
-            (:class:`RetrievalFailedWarning`) and left out; ``"raise"``: the call
-            fails.
+        **options: The archive, the tiers and the settings: see
+            :class:`ChainOptions` (every key is optional).
 
     Returns:
         A Runnable with ``invoke``, ``ainvoke``, ``stream``, ``astream`` (and
@@ -529,6 +540,7 @@ def create_tiered_chain(
 
     Raises:
         ValueError: On a bad setting, or tiers that do not share the archive.
+        TypeError: On an option ``ChainOptions`` does not have.
 
     Example:
         .. code-block:: python
@@ -539,25 +551,7 @@ def create_tiered_chain(
             for chunk in chat.stream({"input": "总结一下"}, config=config):
                 print(chunk.text, end="")
     """
-    return TieredChain(
-        llm,
-        backup=backup,
-        long_memory=long_memory,
-        knowledge=knowledge,
-        consolidator=consolidator,
-        compressor=compressor,
-        system_prompt=system_prompt,
-        language=language,
-        input_key=input_key,
-        window_turns=window_turns,
-        window_max_tokens=window_max_tokens,
-        token_counter=token_counter,
-        k=k,
-        memory_scope=memory_scope,
-        knowledge_k=knowledge_k,
-        max_continuations=max_continuations,
-        retrieval_errors=retrieval_errors,
-    )
+    return TieredChain(llm, **options)
 
 
-__all__ = ["LABELS", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]
+__all__ = ["LABELS", "ChainOptions", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]
