@@ -42,6 +42,7 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 
 from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.steps import (
     Call,
     Gather,
@@ -65,37 +66,6 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 logger = logging.getLogger(__name__)
-
-#: Section labels of the v3 prompt ("zh" as in the design document).
-LABELS: dict[str, dict[str, str]] = {
-    "en": {
-        "system": (
-            "You are a helpful assistant. Use the memories and the reference material "
-            "below when they are relevant; when they do not answer the question, say so "
-            "instead of guessing."
-        ),
-        "memories": "Summary of earlier conversations (long-term memory)",
-        "consolidated": "Consolidated memory (MEMORY.md)",
-        "retrieved": "Relevant memories",
-        "recent": "Recent conversation",
-        "recent_note": "The most recent turns of this conversation follow as messages.",
-        "knowledge": "Reference material (knowledge base)",
-        "question": "User question",
-    },
-    "zh": {
-        "system": (
-            "你是一个乐于助人的助手。下面的记忆和资料与问题相关时请参考；"
-            "如果它们不能回答问题，请直接说明，不要编造。"
-        ),
-        "memories": "历史对话摘要（长期记忆）",
-        "consolidated": "长期记忆（MEMORY.md）",
-        "retrieved": "相关记忆",
-        "recent": "最近通话记录",
-        "recent_note": "以下消息是本会话最近几轮的对话。",
-        "knowledge": "资料（知识库）",
-        "question": "用户问题",
-    },
-}
 
 
 class RetrievalFailedWarning(RuntimeWarning):
@@ -158,6 +128,9 @@ class ChainOptions(TypedDict, total=False):
             of the prompt.
         language: ``"en"`` (default) or ``"zh"``: section labels, default system prompt,
             the compressor's summary and the continue prompt.
+        prompts: The section labels, default system prompt and continue prompt
+            (a :class:`~langchain_tiered_memory.core.prompts.Prompts`); default
+            the ``language``'s.
         input_key: The question's key in a dict input; default ``"input"``.
         window_turns: Recent turns in the window; default 10.
         window_max_tokens: The window's token budget (``None`` for none); default 8000.
@@ -181,6 +154,7 @@ class ChainOptions(TypedDict, total=False):
     compressor: Runnable[Any, list[BaseMessage]] | None
     system_prompt: str | None
     language: Literal["en", "zh"]
+    prompts: Prompts
     input_key: str
     window_turns: int
     window_max_tokens: int | None
@@ -226,9 +200,11 @@ class TieredChain(Runnable[Any, AIMessage]):
         knowledge_k = options.get("knowledge_k", 4)
         max_continuations = options.get("max_continuations", 3)
         retrieval_errors = options.get("retrieval_errors", "warn")
-        if language not in LABELS:
-            msg = f"language must be 'en' or 'zh', got {language!r}"
-            raise ValueError(msg)
+        language_prompts = prompts_for(language)  # checks the language too
+        prompts = options.get("prompts") or language_prompts
+        if not isinstance(prompts, Prompts):
+            msg = f"prompts must be a Prompts, got {type(prompts).__name__}"
+            raise TypeError(msg)
         if memory_scope not in ("session", "user"):
             msg = f"memory_scope must be 'session' or 'user', got {memory_scope!r}"
             raise ValueError(msg)
@@ -259,7 +235,10 @@ class TieredChain(Runnable[Any, AIMessage]):
             self.llm = llm
         else:
             self.llm = FinishReasonHandler(
-                llm, max_continuations=max_continuations, language=language
+                llm,
+                max_continuations=max_continuations,
+                continue_prompt=prompts.continue_prompt,
+                language=language,
             )
         self.backup = backup
         self.long_memory = long_memory
@@ -269,8 +248,9 @@ class TieredChain(Runnable[Any, AIMessage]):
             token_counter=token_counter, language=language
         )
         self.language = language
-        self.labels = LABELS[language]
-        self.system_prompt = self.labels["system"] if system_prompt is None else system_prompt
+        self.prompts = prompts
+        self.labels = prompts.chain
+        self.system_prompt = self.labels.system if system_prompt is None else system_prompt
         self.input_key = input_key
         self.window_turns = window_turns
         self.window_max_tokens = window_max_tokens
@@ -397,15 +377,15 @@ class TieredChain(Runnable[Any, AIMessage]):
         system = [self.system_prompt] if self.system_prompt else []
         memory_md = context.consolidated.strip()
         if memory_md or context.memories:
-            section = [f"## {labels['memories']}"]
+            section = [f"## {labels.memories}"]
             if memory_md:
-                section.append(f"### {labels['consolidated']}\n{memory_md}")
+                section.append(f"### {labels.consolidated}\n{memory_md}")
             if context.memories:
                 lines = "\n".join(_memory_line(doc) for doc in context.memories)
-                section.append(f"### {labels['retrieved']}\n{lines}" if memory_md else lines)
+                section.append(f"### {labels.retrieved}\n{lines}" if memory_md else lines)
             system.append("\n".join(section))
         if context.window:
-            system.append(f"## {labels['recent']}\n{labels['recent_note']}")
+            system.append(f"## {labels.recent}\n{labels.recent_note}")
         messages: list[BaseMessage] = [SystemMessage("\n\n".join(system))] if system else []
         messages.extend(context.window)
         if context.documents:
@@ -414,9 +394,7 @@ class TieredChain(Runnable[Any, AIMessage]):
                 for position, doc in enumerate(context.documents, start=1)
             )
             messages.append(
-                HumanMessage(
-                    f"## {labels['knowledge']}\n{blocks}\n\n## {labels['question']}\n{question}"
-                )
+                HumanMessage(f"## {labels.knowledge}\n{blocks}\n\n## {labels.question}\n{question}")
             )
         else:
             messages.append(HumanMessage(question))
@@ -554,4 +532,4 @@ def create_tiered_chain(llm: Runnable[Any, Any], **options: Unpack[ChainOptions]
     return TieredChain(llm, **options)
 
 
-__all__ = ["LABELS", "ChainOptions", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]
+__all__ = ["ChainOptions", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]

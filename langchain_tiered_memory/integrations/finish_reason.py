@@ -43,6 +43,7 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.prompts import prompts_for
 from langchain_tiered_memory.core.steps import Emit, StepPlan, arun, arun_stream, run, run_stream
 
 #: The ``response_metadata`` key of the mark left on every answer.
@@ -54,17 +55,6 @@ FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason", "stopReason", "fin
 TRUNCATED_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
 # The OpenAI Responses API reports the limit here instead.
 _INCOMPLETE_KEYS = ("status", "incomplete_details")
-
-CONTINUE_PROMPTS = {
-    "en": (
-        "Your previous answer was cut off by the output length limit. Continue exactly "
-        "where it stopped: do not repeat anything and do not add a preamble."
-    ),
-    "zh": (
-        "你上一条回答因输出长度限制被截断了。"
-        "请从中断处继续输出，不要重复已输出的内容，也不要加开场白。"
-    ),
-}
 
 
 def _reason_text(value: Any) -> str | None:
@@ -253,7 +243,8 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         llm: The chat model (or any Runnable from chat input to a message, such as
             ``model.bind_tools(...)``).
         max_continuations: How many times to ask for more; ``0`` only marks.
-        continue_prompt: The request to continue; default per ``language``.
+        continue_prompt: The request to continue; default the ``language``'s
+            ``Prompts.continue_prompt``.
         language: ``"en"`` or ``"zh"`` for the default continue prompt.
 
     Example:
@@ -282,9 +273,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         ):
             msg = f"max_continuations must be an int >= 0, got {max_continuations!r}"
             raise ValueError(msg)
-        if language not in CONTINUE_PROMPTS:
-            msg = f"language must be 'en' or 'zh', got {language!r}"
-            raise ValueError(msg)
+        default_prompt = prompts_for(language).continue_prompt
         if continue_prompt is not None and (
             not isinstance(continue_prompt, str) or not continue_prompt.strip()
         ):
@@ -293,7 +282,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         self.llm = llm
         self.max_continuations = max_continuations
         self.language = language
-        self.continue_prompt = continue_prompt or CONTINUE_PROMPTS[language]
+        self.continue_prompt = continue_prompt or default_prompt
 
     def __repr__(self) -> str:
         return f"FinishReasonHandler(llm={self.llm!r}, max_continuations={self.max_continuations})"
