@@ -2,7 +2,8 @@
 
 One :class:`Prompts` per language (``"en"``, ``"zh"``) in :data:`PROMPTS`. The
 extraction (``ChromaLongMemory``), the consolidation (``MemoryConsolidator``), the
-chain (``create_tiered_chain``) and ``FinishReasonHandler`` take a ``prompts=``
+compressor (``ContextCompressor``), the chain (``create_tiered_chain``) and
+``FinishReasonHandler`` take a ``prompts=``
 object and otherwise pick one by ``language=``, so a house style is a
 ``dataclasses.replace`` of a default, and a language is one more entry here.
 """
@@ -40,6 +41,39 @@ class ChainLabels:
     question: str
 
 
+@dataclass(frozen=True)
+class CompressionLabels:
+    """The labels of the structured summary that ``ContextCompressor`` writes.
+
+    Attributes:
+        title: First line of the summary.
+        scope: The line introducing what was compressed.
+        counts: Formatted with ``{total}``, ``{user}``, ``{ai}``, ``{tool}``.
+        tools: Formatted with ``{tools}``.
+        requests: Heading of the recent user requests.
+        timeline: Heading of the timeline.
+        omitted: Formatted with ``{n}``, the timeline entries left out.
+        repeats: Formatted with ``{n}``, the repeated tool outputs.
+        dropped: Formatted with ``{n}``, the messages force-deleted.
+        pending: Heading of the pending work.
+        roles: Speaker labels of the timeline, by role.
+        overflow_advice: The advice of ``ContextOverflowError``.
+    """
+
+    title: str
+    scope: str
+    counts: str
+    tools: str
+    requests: str
+    timeline: str
+    omitted: str
+    repeats: str
+    dropped: str
+    pending: str
+    roles: Mapping[str, str]
+    overflow_advice: str
+
+
 def _fields_of(template: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
@@ -60,6 +94,7 @@ class Prompts:
         continue_prompt: The request to continue an answer cut by the output
             limit (``FinishReasonHandler``).
         chain: The chain prompt's section labels.
+        compression: The labels of the compressor's summary.
         context_consolidated: Header of MEMORY.md in the memory context that the
             middleware and the classic memory add to a prompt.
         context_memories: Header of the relevant memories in that context.
@@ -74,6 +109,7 @@ class Prompts:
     consolidation_roles: Mapping[str, str]
     continue_prompt: str
     chain: ChainLabels
+    compression: CompressionLabels
     context_consolidated: str
     context_memories: str
 
@@ -140,6 +176,24 @@ EN = Prompts(
         knowledge="Reference material (knowledge base)",
         question="User question",
     ),
+    compression=CompressionLabels(
+        title="[Context compression summary]",
+        scope="Scope:",
+        counts="- {total} messages compressed (user={user}, assistant={ai}, tool={tool})",
+        tools="- Tools used: {tools}",
+        requests="- Recent user requests:",
+        timeline="- Timeline:",
+        omitted="    ... {n} messages omitted ...",
+        repeats="- Repeated tool outputs counted, not repeated: {n}",
+        dropped="- Messages force-deleted to fit the context: {n}",
+        pending="- Pending work:",
+        roles=MappingProxyType(
+            {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"}
+        ),
+        overflow_advice=(
+            "Start a new session (its memories carry over through the long-term tier)."
+        ),
+    ),
     context_consolidated="Consolidated memory (MEMORY.md):",
     context_memories="Relevant long-term memories:",
 )
@@ -184,6 +238,20 @@ ZH = Prompts(
         knowledge="资料（知识库）",
         question="用户问题",
     ),
+    compression=CompressionLabels(
+        title="[上下文压缩摘要]",
+        scope="压缩范围：",
+        counts="- 共 {total} 条消息被压缩（用户={user}, 助手={ai}, 工具={tool}）",
+        tools="- 使用的工具：{tools}",
+        requests="- 最近的用户请求：",
+        timeline="- 关键时间线：",
+        omitted="    ... 省略 {n} 条消息 ...",
+        repeats="- 重复的工具输出（只计数不重复）：{n}",
+        dropped="- 为防止超限强制删除的消息：{n}",
+        pending="- 待办事项：",
+        roles=MappingProxyType({"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"}),
+        overflow_advice="请新建会话继续。",
+    ),
     context_consolidated="长期记忆（MEMORY.md）：",
     context_memories="相关的长期记忆：",
 )
@@ -218,6 +286,7 @@ __all__ = [
     "PROMPTS",
     "ZH",
     "ChainLabels",
+    "CompressionLabels",
     "Prompts",
     "prompts_for",
 ]

@@ -128,9 +128,10 @@ class ChainOptions(TypedDict, total=False):
             of the prompt.
         language: ``"en"`` (default) or ``"zh"``: section labels, default system prompt,
             the compressor's summary and the continue prompt.
-        prompts: The section labels, default system prompt and continue prompt
-            (a :class:`~langchain_tiered_memory.core.prompts.Prompts`); default
-            the ``language``'s.
+        prompts: The section labels, default system prompt, the default
+            compressor's summary labels and the continue prompt (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`); default the
+            ``language``'s.
         input_key: The question's key in a dict input; default ``"input"``.
         window_turns: Recent turns in the window; default 10.
         window_max_tokens: The window's token budget (``None`` for none); default 8000.
@@ -245,7 +246,7 @@ class TieredChain(Runnable[Any, AIMessage]):
         self.knowledge = knowledge
         self.consolidator = consolidator
         self.compressor = compressor or ContextCompressor(
-            token_counter=token_counter, language=language
+            token_counter=token_counter, language=language, prompts=options.get("prompts")
         )
         self.language = language
         self.prompts = prompts

@@ -305,6 +305,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
                     token_counter=base.count_tokens,
                     tools=tools,
                     language=base.language,
+                    prompts=base.prompts,
                     timeline_entries=base.timeline_entries,
                     entry_chars=base.entry_chars,
                 )
