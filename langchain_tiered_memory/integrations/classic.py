@@ -37,8 +37,8 @@ _REPLACED = {
     "max_token_limit": "the window's budget is TieredChatMessageHistory(window_max_tokens=...)",
     "moving_summary_buffer": "the summary's place is taken by MEMORY.md "
     "(MemoryConsolidator) and the long-term memories, both derived from the archive",
-    "prompt": "extraction and consolidation prompts live in ChromaLongMemory and "
-    "MemoryConsolidator",
+    "prompt": "extraction and consolidation prompts live in core/prompts.py and are the "
+    "prompts= of ChromaLongMemory and MemoryConsolidator",
     "summary_message_cls": "use context_message_cls",
 }
 
