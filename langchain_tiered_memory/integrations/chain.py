@@ -440,7 +440,7 @@ class TieredChain(Runnable[Any, AIMessage]):
                 return chunk
 
             yield steps.stream(self.llm, messages, config, keep)
-            answer = as_ai(reduce(operator.add, chunks) if chunks else AIMessageChunk(""))
+            answer = as_ai(reduce(operator.add, chunks) if chunks else AIMessageChunk(content=""))
         else:
             answer = yield steps.invoke(self.llm, messages, config)
         # Reached only when the answer is complete: an error or an abandoned stream
