@@ -69,6 +69,7 @@ import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.core.prompts import EN
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 from langchain_tiered_memory.tiers.extraction import format_turn
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -128,8 +129,8 @@ def load_locomo(eval_dir: Path, pool_size: int, seed: int) -> Corpus:
             singles.extend(texts)
             pairs.extend(zip(texts[::2], texts[1::2], strict=False))
         questions.extend(qa["question"] for qa in sample["qa"] if qa.get("question"))
-    candidates = [format_turn([HumanMessage(a), AIMessage(b)], "en") for a, b in pairs]
-    candidates += [format_turn([HumanMessage(text)], "en") for text in singles]
+    candidates = [format_turn([HumanMessage(a), AIMessage(b)], EN) for a, b in pairs]
+    candidates += [format_turn([HumanMessage(text)], EN) for text in singles]
     seen: set[str] = set()
     pool: list[str] = []
     for text in candidates:

@@ -16,6 +16,7 @@ import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
 )
+from langchain_core.runnables import RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_tiered_memory import (
@@ -40,8 +42,9 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     create_tiered_chain,
 )
-from langchain_tiered_memory.integrations.chain import LABELS, RetrievalFailedWarning, TieredChain
-from langchain_tiered_memory.integrations.finish_reason import CONTINUE_PROMPTS, MARK_KEY
+from langchain_tiered_memory.core.prompts import PROMPTS
+from langchain_tiered_memory.integrations.chain import RetrievalFailedWarning, TieredChain
+from langchain_tiered_memory.integrations.finish_reason import MARK_KEY
 from langchain_tiered_memory.tiers.compression import SUMMARY_KEY
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
@@ -193,6 +196,8 @@ def test_bad_settings_are_typed_errors(
             create_tiered_chain(llm, backup=backup, **kwargs)
     with pytest.raises(TypeError, match="llm must be"):
         create_tiered_chain("gpt-4o", backup=backup)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="windw_turns"):  # a misspelt option is refused
+        create_tiered_chain(llm, backup=backup, windw_turns=3)  # type: ignore[call-arg]
     other = MySQLBackup(f"sqlite:///{tmp_path / 'other.sqlite3'}")
     try:
         with pytest.raises(ValueError, match="same backup"):
@@ -376,19 +381,38 @@ async def test_chinese_labels_and_layout(backup: MySQLBackup, make_memory: MakeM
         await chat.ainvoke({"input": "应收账款表叫什么？"}, config("s"))
         prompt = llm.prompts[-1]
         system = system_text(prompt)
-        labels = LABELS["zh"]
-        assert system.startswith(labels["system"])
+        assert system.startswith(PROMPTS["zh"].chain.system)
         assert system.index("## 历史对话摘要") < system.index("## 最近通话记录")
         assert "我负责应收账款模块" in system  # the first turn, recalled
         assert texts(prompt[1:-1]) == ["我负责应收账款模块", "好的，记住了。"]  # the window
         last = prompt[-1].text
         assert last.startswith("## 资料（知识库）\n[1]\n应收账款表 ar_invoice")
         assert last.endswith("## 用户问题\n应收账款表叫什么？")
-        assert not any(label in system + last for label in LABELS["en"].values())
+        assert not any(label in system + last for label in astuple(PROMPTS["en"].chain))
         assert chat.compressor.language == "zh"  # type: ignore[attr-defined]
-        assert chat.llm.continue_prompt == CONTINUE_PROMPTS["zh"]
+        assert chat.llm.continue_prompt == PROMPTS["zh"].continue_prompt
     finally:
         knowledge.client.delete_collection(knowledge.collection.name)
+
+
+@pytest.mark.usefixtures("abackup")
+async def test_custom_prompts_reach_the_llm(backup: MySQLBackup) -> None:
+    en = PROMPTS["en"]
+    labels = replace(en.chain, system="HOUSE RULES", recent="EARLIER", recent_note="(turns)")
+    labels = replace(labels, knowledge="DOCS", question="ASKED")
+    house = replace(en, continue_prompt="GO ON", chain=labels)
+    llm = model("first", cut("half"), done(" whole"))
+    docs = RunnableLambda(lambda _: [Document("AR lives in ar_invoice.")])
+    chat = create_tiered_chain(llm, backup=backup, knowledge=docs, prompts=house)
+    chat.invoke({"input": "hello"}, config("house"))
+    answer = await chat.ainvoke({"input": "Where is AR?"}, config("house"))
+    assert answer.text == "half whole"
+    prompt = llm.prompts[1]
+    assert system_text(prompt) == "HOUSE RULES\n\n## EARLIER\n(turns)"
+    assert prompt[-1].text == "## DOCS\n[1]\nAR lives in ar_invoice.\n\n## ASKED\nWhere is AR?"
+    assert llm.prompts[2][-1] == HumanMessage("GO ON")
+    with pytest.raises(TypeError, match="prompts must be a Prompts"):
+        create_tiered_chain(llm, backup=backup, prompts={"system": "x"})  # type: ignore[typeddict-item]
 
 
 def test_consolidated_memory_md_goes_into_the_prompt(backup: MySQLBackup, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory, cli
 from langchain_tiered_memory.cli.llms import ScriptedChatModel, detect_llm, ollama_url
-from langchain_tiered_memory.tiers.consolidation import PROMPTS
+from langchain_tiered_memory.core.prompts import PROMPTS
 
 from .conftest import MYSQL_URL, _drop, _free_port, chroma_settings, require_mysql
 from .fakes import HashEmbeddings
@@ -643,7 +643,9 @@ def test_scripted_model_writes_and_merges_memory_md() -> None:
         "User: What holds invoices?\nAssistant: \n"
         "Tool: {rows}\nAssistant: ar_invoice holds invoices.\nUser: And bills?"
     )
-    first = model.invoke(PROMPTS["en"].format(memory="-", conversation=conversation)).text
+    first = model.invoke(
+        PROMPTS["en"].consolidation.format(memory="-", conversation=conversation)
+    ).text
     assert first.startswith("# MEMORY (scripted")
     preferences = first.split("## User preferences and habits\n")[1].split("\n\n")[0]
     assert preferences == "- I prefer amounts in CNY."
@@ -651,7 +653,9 @@ def test_scripted_model_writes_and_merges_memory_md() -> None:
     assert "- What holds invoices? -> ar_invoice holds invoices." in first
     assert "## Open problems\n- And bills?" in first
     second = model.invoke(
-        PROMPTS["en"].format(memory=first, conversation="User: Bills?\nAssistant: ap_bill.")
+        PROMPTS["en"].consolidation.format(
+            memory=first, conversation="User: Bills?\nAssistant: ap_bill."
+        )
     ).text
     assert "- I prefer amounts in CNY." in second  # kept from the current MEMORY.md
     assert "- ap_bill." in second

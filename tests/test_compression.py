@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from langchain_core.messages import (
     AIMessage,
@@ -14,6 +16,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.tools import tool
 
 from langchain_tiered_memory import ContextCompressor, ContextOverflowError, estimate_tokens
+from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
 
 from .fakes import RecordingChatModel, replies
@@ -267,6 +270,26 @@ def test_level_three_raises_with_the_numbers_and_advice() -> None:
         compressor.compress(messages)
     assert caught.value.limit == 3000
     assert caught.value.estimated_tokens > 3000
+
+
+def test_custom_prompts_label_the_summary_and_the_overflow_advice() -> None:
+    en = PROMPTS["en"]
+    labels = replace(en.compression, title="[SHRUNK]", roles={"human": "Q", "ai": "A"})
+    house = replace(en, compression=replace(labels, overflow_advice="Call the desk."))
+    messages: list[BaseMessage] = [SystemMessage("s")]
+    for n in range(6):
+        messages += [HumanMessage(f"问题 {n} " + "数据 " * 400), AIMessage(f"答案 {n}")]
+    compressor = ContextCompressor(compress_threshold=500, prompts=house)
+    (summary,) = summaries(compressor.compress(messages))  # a Chinese chat, the house labels
+    assert summary.text.startswith("[SHRUNK]\nScope:")
+    assert "    • Q: 问题 0" in summary.text and "    • A: 答案 0" in summary.text
+    tight = ContextCompressor(
+        compress_threshold=100, force_delete_threshold=200, error_threshold=300, prompts=house
+    )
+    with pytest.raises(ContextOverflowError, match="Call the desk"):
+        tight.compress([HumanMessage("x " * 5000)])
+    chinese = ContextCompressor(compress_threshold=500)  # the default follows the chat
+    assert summaries(chinese.compress(messages))[0].text.startswith("[上下文压缩摘要]")
 
 
 def test_as_a_runnable_in_front_of_a_model() -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from pydantic import Field
 from sqlalchemy import select
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.core.prompts import PROMPTS, prompts_for
 from langchain_tiered_memory.core.validation import safe_filename
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
@@ -348,6 +350,34 @@ def test_design_defaults_english_conversation(
     memory_md = history.consolidated_memory
     assert memory_md == "## User preferences and habits\n- short answers, api_key=***\n"
     assert (consolidator.folder("en") / "MEMORY.md").read_text(encoding="utf-8") == memory_md
+
+
+def test_custom_prompts_reach_the_llm_whatever_the_conversation_language(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    house = replace(
+        PROMPTS["en"],
+        consolidation="HOUSE STYLE\nnow: {memory}\nchat:\n{conversation}",
+        consolidation_roles={"human": "Customer", "ai": "Clerk"},
+    )
+    llm = FakeLLM(answer="# Memory")
+    consolidator = make_consolidator(llm, prompts=house)
+    history = TieredChatMessageHistory("house", backup=backup, consolidator=consolidator)
+    history.add_messages(chat(1, 101, lang="zh"))  # a Chinese chat: the house style wins
+    consolidator.flush(timeout=30)
+    [prompt] = llm.calls.prompts
+    assert prompt.startswith("HOUSE STYLE\nnow: -\nchat:\n")
+    assert f"Customer: {mark(1, 'zh')}" in prompt and f"Clerk: {mark(2, 'zh')}" in prompt
+    assert not any(heading in prompt for heading in ZH_HEADINGS + EN_HEADINGS)
+
+
+def test_a_prompt_without_its_fields_is_refused() -> None:
+    with pytest.raises(ValueError, match="memory"):
+        replace(PROMPTS["zh"], consolidation="只有 {conversation}")
+    with pytest.raises(ValueError, match="'ai'"):
+        replace(PROMPTS["en"], consolidation_roles={"human": "User"})
+    with pytest.raises(ValueError, match="language must be 'en' or 'zh'"):
+        prompts_for("fr")
 
 
 def test_the_job_is_queued_in_the_same_transaction_as_the_messages(

@@ -26,8 +26,8 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 
 from langchain_tiered_memory import FinishReasonHandler
+from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.integrations.finish_reason import (
-    CONTINUE_PROMPTS,
     MARK_KEY,
     finish_reason,
     is_truncated,
@@ -113,7 +113,7 @@ def test_invoke_continues_and_stitches_the_parts() -> None:
     assert second[:2] == question and third[:2] == question
     assert second[2] == AIMessage("The AR table has")
     assert third[2] == AIMessage("The AR table has columns id,")
-    assert second[3] == third[3] == HumanMessage(CONTINUE_PROMPTS["en"])
+    assert second[3] == third[3] == HumanMessage(PROMPTS["en"].continue_prompt)
 
 
 async def test_ainvoke_continues_and_stitches_the_parts() -> None:
@@ -121,7 +121,7 @@ async def test_ainvoke_continues_and_stitches_the_parts() -> None:
     answer = await FinishReasonHandler(model).ainvoke("count")
     assert answer.content == "one two"
     assert mark(answer) == {"continuations": 1, "truncated": False}
-    assert model.prompts[1][-2:] == [AIMessage("one"), HumanMessage(CONTINUE_PROMPTS["en"])]
+    assert model.prompts[1][-2:] == [AIMessage("one"), HumanMessage(PROMPTS["en"].continue_prompt)]
 
 
 def test_a_complete_answer_is_returned_as_is_and_marked() -> None:
@@ -179,7 +179,7 @@ def test_chinese_continue_prompt() -> None:
     model = scripted(cut("应收账款表"), done("有三列。"))
     answer = FinishReasonHandler(model, language="zh").invoke("描述应收账款表")
     assert answer.content == "应收账款表有三列。"
-    assert model.prompts[1][-1] == HumanMessage(CONTINUE_PROMPTS["zh"])
+    assert model.prompts[1][-1] == HumanMessage(PROMPTS["zh"].continue_prompt)
     custom = scripted(cut("x"), done("y"))
     FinishReasonHandler(custom, continue_prompt="go on").invoke("q")
     assert custom.prompts[1][-1] == HumanMessage("go on")

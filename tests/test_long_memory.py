@@ -14,6 +14,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +30,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
@@ -328,6 +330,31 @@ def test_extractor_summary_is_stored_with_the_v3_prompt(
     assert rows["zh"].text == "Summary: 应收账款表怎么建？"
     assert {row.kind for row in rows.values()} == {"extracted"}
     assert sources(rows["zh"]) == archive_ids(backup, "zh")
+
+
+def test_custom_prompts_reach_the_extractor(make_memory: MakeMemory, backup: MySQLBackup) -> None:
+    house = replace(
+        PROMPTS["en"],
+        extraction="HOUSE STYLE\n{conversation}\nFacts:",
+        extraction_roles={"human": "Customer", "ai": "Clerk"},
+    )
+    extractor = FakeExtractor()
+    memory = make_memory(extractor=extractor, prompts=house)
+    say(history(backup, memory, "zh"), "应收账款表怎么建？", "包括发票号、金额和到期日。")
+    assert memory.run_pending() == 1
+    [prompt] = extractor.recorder.prompts
+    assert (
+        prompt
+        == "HOUSE STYLE\nCustomer: 应收账款表怎么建？\nClerk: 包括发票号、金额和到期日。\nFacts:"
+    )
+
+
+def test_custom_prompts_label_raw_turns(make_memory: MakeMemory, backup: MySQLBackup) -> None:
+    house = replace(PROMPTS["zh"], extraction_roles={"human": "Customer", "ai": "Clerk"})
+    memory = make_memory(prompts=house)
+    say(history(backup, memory, "raw"), "Bills?", "ap_bill.")
+    memory.run_pending()
+    assert [row.text for row in catalog(backup)] == ["Customer: Bills?\nClerk: ap_bill."]
 
 
 @pytest.mark.parametrize("answer", ["NONE", "none.", "  **None**  "])

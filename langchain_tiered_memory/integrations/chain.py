@@ -23,12 +23,13 @@ Empty sections are left out.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import operator
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from functools import reduce
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 from langchain_core.documents import Document
 from langchain_core.messages import (
@@ -39,10 +40,20 @@ from langchain_core.messages import (
     SystemMessage,
 )
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
-from langchain_core.runnables.config import run_in_executor
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.prompts import Prompts, prompts_for
+from langchain_tiered_memory.core.steps import (
+    Call,
+    Gather,
+    StepPlan,
+    arun,
+    arun_stream,
+    run,
+    run_stream,
+)
 from langchain_tiered_memory.core.validation import check_int
-from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, _as_ai
+from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory, resolve_backup
 from langchain_tiered_memory.storage.archive import MySQLBackup, SessionOwnershipError
@@ -55,37 +66,6 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 logger = logging.getLogger(__name__)
-
-#: Section labels of the v3 prompt ("zh" as in the design document).
-LABELS: dict[str, dict[str, str]] = {
-    "en": {
-        "system": (
-            "You are a helpful assistant. Use the memories and the reference material "
-            "below when they are relevant; when they do not answer the question, say so "
-            "instead of guessing."
-        ),
-        "memories": "Summary of earlier conversations (long-term memory)",
-        "consolidated": "Consolidated memory (MEMORY.md)",
-        "retrieved": "Relevant memories",
-        "recent": "Recent conversation",
-        "recent_note": "The most recent turns of this conversation follow as messages.",
-        "knowledge": "Reference material (knowledge base)",
-        "question": "User question",
-    },
-    "zh": {
-        "system": (
-            "你是一个乐于助人的助手。下面的记忆和资料与问题相关时请参考；"
-            "如果它们不能回答问题，请直接说明，不要编造。"
-        ),
-        "memories": "历史对话摘要（长期记忆）",
-        "consolidated": "长期记忆（MEMORY.md）",
-        "retrieved": "相关记忆",
-        "recent": "最近通话记录",
-        "recent_note": "以下消息是本会话最近几轮的对话。",
-        "knowledge": "资料（知识库）",
-        "question": "用户问题",
-    },
-}
 
 
 class RetrievalFailedWarning(RuntimeWarning):
@@ -129,6 +109,64 @@ def _as_documents(value: Any) -> list[Document]:
     ]
 
 
+class ChainOptions(TypedDict, total=False):
+    """The keyword options of :func:`create_tiered_chain` (and :class:`TieredChain`).
+
+    Every key is optional; the defaults are given below.
+
+    Attributes:
+        backup: The archive: a ``MySQLBackup``, a database URL, a
+            ``SessionFileArchive``; ``None`` means the tiers' archive or the
+            embedded default (the default).
+        long_memory: The long-term tier; ``None`` (default) for none.
+        knowledge: Any ``BaseRetriever`` (or a ``KnowledgeBase``) whose documents
+            go into the prompt; ``None`` (default) for none.
+        consolidator: The MEMORY.md tier; ``None`` (default) for none.
+        compressor: Runs on the assembled prompt before the LLM; default
+            ``ContextCompressor(language=language, token_counter=token_counter)``.
+        system_prompt: Replaces the language's default instructions at the top
+            of the prompt.
+        language: ``"en"`` (default) or ``"zh"``: section labels, default system prompt,
+            the compressor's summary and the continue prompt.
+        prompts: The section labels, default system prompt, the default
+            compressor's summary labels and the continue prompt (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`); default the
+            ``language``'s.
+        input_key: The question's key in a dict input; default ``"input"``.
+        window_turns: Recent turns in the window; default 10.
+        window_max_tokens: The window's token budget (``None`` for none); default 8000.
+        token_counter: Counts tokens for the window and the default compressor.
+        k: Long-term memories per question; default 10.
+        memory_scope: ``"session"`` (default), or ``"user"`` to recall across the user's
+            sessions (then ``user_id`` is required in the config).
+        knowledge_k: Documents per question when ``knowledge`` is a
+            ``KnowledgeBase``; default 4.
+        max_continuations: Continuations of a truncated answer; default 3.
+        retrieval_errors: ``"warn"`` (default): a failing long-term memory,
+            MEMORY.md or knowledge base is logged, warned about
+            (:class:`RetrievalFailedWarning`) and left out; ``"raise"``: the call
+            fails.
+    """
+
+    backup: MySQLBackup | SessionFileArchive | str | None
+    long_memory: ChromaLongMemory | None
+    knowledge: Runnable[str, Any] | KnowledgeBase | None
+    consolidator: MemoryConsolidator | None
+    compressor: Runnable[Any, list[BaseMessage]] | None
+    system_prompt: str | None
+    language: Literal["en", "zh"]
+    prompts: Prompts
+    input_key: str
+    window_turns: int
+    window_max_tokens: int | None
+    token_counter: TokenCounter | None
+    k: int
+    memory_scope: Literal["session", "user"]
+    knowledge_k: int
+    max_continuations: int
+    retrieval_errors: Literal["warn", "raise"]
+
+
 class TieredChain(Runnable[Any, AIMessage]):
     """The assembled pipeline; build it with :func:`create_tiered_chain`.
 
@@ -141,30 +179,33 @@ class TieredChain(Runnable[Any, AIMessage]):
     it was.
     """
 
-    def __init__(
-        self,
-        llm: Runnable[Any, Any],
-        *,
-        backup: MySQLBackup | SessionFileArchive | str | None = None,
-        long_memory: ChromaLongMemory | None = None,
-        knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
-        consolidator: MemoryConsolidator | None = None,
-        compressor: Runnable[Any, list[BaseMessage]] | None = None,
-        system_prompt: str | None = None,
-        language: Literal["en", "zh"] = "en",
-        input_key: str = "input",
-        window_turns: int = 10,
-        window_max_tokens: int | None = 8000,
-        token_counter: TokenCounter | None = None,
-        k: int = 10,
-        memory_scope: Literal["session", "user"] = "session",
-        knowledge_k: int = 4,
-        max_continuations: int = 3,
-        retrieval_errors: Literal["warn", "raise"] = "warn",
-    ) -> None:
-        if language not in LABELS:
-            msg = f"language must be 'en' or 'zh', got {language!r}"
-            raise ValueError(msg)
+    def __init__(self, llm: Runnable[Any, Any], **options: Unpack[ChainOptions]) -> None:
+        unknown = sorted(options.keys() - ChainOptions.__optional_keys__)
+        if unknown:
+            msg = f"unexpected option(s) {', '.join(unknown)}; see ChainOptions"
+            raise TypeError(msg)
+        # The defaults documented on ChainOptions.
+        backup = options.get("backup")
+        long_memory = options.get("long_memory")
+        knowledge = options.get("knowledge")
+        consolidator = options.get("consolidator")
+        compressor = options.get("compressor")
+        system_prompt = options.get("system_prompt")
+        language = options.get("language", "en")
+        input_key = options.get("input_key", "input")
+        window_turns = options.get("window_turns", 10)
+        window_max_tokens = options.get("window_max_tokens", 8000)
+        token_counter = options.get("token_counter")
+        k = options.get("k", 10)
+        memory_scope = options.get("memory_scope", "session")
+        knowledge_k = options.get("knowledge_k", 4)
+        max_continuations = options.get("max_continuations", 3)
+        retrieval_errors = options.get("retrieval_errors", "warn")
+        language_prompts = prompts_for(language)  # checks the language too
+        prompts = options.get("prompts") or language_prompts
+        if not isinstance(prompts, Prompts):
+            msg = f"prompts must be a Prompts, got {type(prompts).__name__}"
+            raise TypeError(msg)
         if memory_scope not in ("session", "user"):
             msg = f"memory_scope must be 'session' or 'user', got {memory_scope!r}"
             raise ValueError(msg)
@@ -195,18 +236,22 @@ class TieredChain(Runnable[Any, AIMessage]):
             self.llm = llm
         else:
             self.llm = FinishReasonHandler(
-                llm, max_continuations=max_continuations, language=language
+                llm,
+                max_continuations=max_continuations,
+                continue_prompt=prompts.continue_prompt,
+                language=language,
             )
         self.backup = backup
         self.long_memory = long_memory
         self.knowledge = knowledge
         self.consolidator = consolidator
         self.compressor = compressor or ContextCompressor(
-            token_counter=token_counter, language=language
+            token_counter=token_counter, language=language, prompts=options.get("prompts")
         )
         self.language = language
-        self.labels = LABELS[language]
-        self.system_prompt = self.labels["system"] if system_prompt is None else system_prompt
+        self.prompts = prompts
+        self.labels = prompts.chain
+        self.system_prompt = self.labels.system if system_prompt is None else system_prompt
         self.input_key = input_key
         self.window_turns = window_turns
         self.window_max_tokens = window_max_tokens
@@ -290,76 +335,41 @@ class TieredChain(Runnable[Any, AIMessage]):
             k=self.k,
         )
 
-    def _context(
+    def _context_plan(
         self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
-    ) -> _Context:
-        context = _Context(window=history.messages)
+    ) -> StepPlan[_Context]:
+        """Read the window and the tiers together (concurrently on the async path).
+
+        A failing tier is reported by :meth:`_failed` and left out; a failing window
+        read fails the call (the archive is required).
+        """
+        tiers: dict[str, Call[Any]] = {}
         if self.long_memory is not None:
-            try:
-                context.memories = _as_documents(
-                    self._memory_retriever(history).invoke(question, config)
-                )
-            except Exception as exc:
-                self._failed("long-term memory search", exc)
-        if self.consolidator is not None:
-            try:
-                context.consolidated = history.consolidated_memory
-            except Exception as exc:
-                self._failed("MEMORY.md", exc)
+            # ChromaLongMemory has no async search: BaseRetriever.ainvoke runs the
+            # sync one in the executor.
+            retriever = self._memory_retriever(history)
+            tiers["long-term memory search"] = steps.invoke(retriever, question, config)
+        if self.consolidator is not None:  # a sync-only database read
+            tiers["MEMORY.md"] = steps.offload(lambda: history.consolidated_memory, config)
         if self.knowledge is not None:
-            try:
-                context.documents = _as_documents(self.knowledge.invoke(question, config))
-            except Exception as exc:
-                self._failed("knowledge base retrieval", exc)
-        return context
-
-    async def _acontext(
-        self, question: str, history: TieredChatMessageHistory, config: RunnableConfig
-    ) -> _Context:
-        async def memories() -> list[Document]:
-            if self.long_memory is None:
-                return []
-            try:
-                # ChromaLongMemory has no async search: BaseRetriever.ainvoke runs
-                # the sync one in the executor.
-                found = await self._memory_retriever(history).ainvoke(question, config)
-            except Exception as exc:
-                self._failed("long-term memory search", exc)
-                return []
-            return _as_documents(found)
-
-        async def consolidated() -> str:
-            if self.consolidator is None:
-                return ""
-            try:  # a sync-only database read
-                return await run_in_executor(config, lambda: history.consolidated_memory)
-            except Exception as exc:
-                self._failed("MEMORY.md", exc)
-                return ""
-
-        async def documents() -> list[Document]:
-            if self.knowledge is None:
-                return []
-            try:
-                found = await self.knowledge.ainvoke(question, config)
-            except Exception as exc:
-                self._failed("knowledge base retrieval", exc)
-                return []
-            return _as_documents(found)
-
-        results = await asyncio.gather(
-            history.aget_messages(), memories(), consolidated(), documents(),
-            return_exceptions=True,
-        )  # fmt: skip
-        for result in results:  # only the window read raises: the archive is required
-            if isinstance(result, BaseException):
+            tiers["knowledge base retrieval"] = steps.invoke(self.knowledge, question, config)
+        window_read = Call(lambda: history.messages, history.aget_messages)
+        window, *results = yield Gather((window_read, *tiers.values()))
+        if isinstance(window, BaseException):
+            raise window
+        found: dict[str, Any] = {}
+        for tier, result in zip(tiers, results, strict=True):
+            if isinstance(result, Exception):
+                self._failed(tier, result)
+            elif isinstance(result, BaseException):  # a cancellation is not a tier failure
                 raise result
-        window, found, memory_md, docs = results
+            else:
+                found[tier] = result
         return _Context(
-            window=window,  # type: ignore[arg-type]
-            memories=found,  # type: ignore[arg-type]
-            consolidated=memory_md,  # type: ignore[arg-type]
-            documents=docs,  # type: ignore[arg-type]
+            window=window,
+            memories=_as_documents(found.get("long-term memory search", [])),
+            consolidated=found.get("MEMORY.md", ""),
+            documents=_as_documents(found.get("knowledge base retrieval", [])),
         )
 
     def assemble(self, question: str, context: _Context) -> list[BaseMessage]:
@@ -368,15 +378,15 @@ class TieredChain(Runnable[Any, AIMessage]):
         system = [self.system_prompt] if self.system_prompt else []
         memory_md = context.consolidated.strip()
         if memory_md or context.memories:
-            section = [f"## {labels['memories']}"]
+            section = [f"## {labels.memories}"]
             if memory_md:
-                section.append(f"### {labels['consolidated']}\n{memory_md}")
+                section.append(f"### {labels.consolidated}\n{memory_md}")
             if context.memories:
                 lines = "\n".join(_memory_line(doc) for doc in context.memories)
-                section.append(f"### {labels['retrieved']}\n{lines}" if memory_md else lines)
+                section.append(f"### {labels.retrieved}\n{lines}" if memory_md else lines)
             system.append("\n".join(section))
         if context.window:
-            system.append(f"## {labels['recent']}\n{labels['recent_note']}")
+            system.append(f"## {labels.recent}\n{labels.recent_note}")
         messages: list[BaseMessage] = [SystemMessage("\n\n".join(system))] if system else []
         messages.extend(context.window)
         if context.documents:
@@ -385,77 +395,75 @@ class TieredChain(Runnable[Any, AIMessage]):
                 for position, doc in enumerate(context.documents, start=1)
             )
             messages.append(
-                HumanMessage(
-                    f"## {labels['knowledge']}\n{blocks}\n\n## {labels['question']}\n{question}"
-                )
+                HumanMessage(f"## {labels.knowledge}\n{blocks}\n\n## {labels.question}\n{question}")
             )
         else:
             messages.append(HumanMessage(question))
         return messages
 
-    def _prepare(
+    def _prepare_plan(
         self, input: Any, config: RunnableConfig
-    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
+    ) -> StepPlan[tuple[str, TieredChatMessageHistory, list[BaseMessage]]]:
         question, history = self._start(input, config)
         # The turn will be archived: refuse another user's session before any work.
-        history.check_owner(write=True)
-        messages = self.assemble(question, self._context(question, history, config))
-        return question, history, self.compressor.invoke(messages, config)
-
-    async def _aprepare(
-        self, input: Any, config: RunnableConfig
-    ) -> tuple[str, TieredChatMessageHistory, list[BaseMessage]]:
-        question, history = self._start(input, config)
-        await history.acheck_owner(write=True)
-        messages = self.assemble(question, await self._acontext(question, history, config))
-        return question, history, await self.compressor.ainvoke(messages, config)
+        yield Call(
+            lambda: history.check_owner(write=True), lambda: history.acheck_owner(write=True)
+        )
+        context = yield from self._context_plan(question, history, config)
+        messages = yield steps.invoke(self.compressor, self.assemble(question, context), config)
+        return question, history, messages
 
     def get_prompt(self, input: Any, config: RunnableConfig | None = None) -> list[BaseMessage]:
         """The messages the LLM would be sent for ``input`` now (after compression).
 
         Nothing is archived and the LLM is not called: for debugging and tests.
         """
-        return self._prepare(input, ensure_config(config))[2]
+        return run(self._prepare_plan(input, ensure_config(config)))[2]
 
     async def aget_prompt(
         self, input: Any, config: RunnableConfig | None = None
     ) -> list[BaseMessage]:
         """Async :meth:`get_prompt`."""
-        return (await self._aprepare(input, ensure_config(config)))[2]
+        return (await arun(self._prepare_plan(input, ensure_config(config))))[2]
 
     # -- Runnable ---------------------------------------------------------------
 
-    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
-        question, history, messages = self._prepare(input, config)
-        answer = self.llm.invoke(messages, config)
-        history.add_messages([HumanMessage(question), answer])
+    def _answer_plan(
+        self, input: Any, config: RunnableConfig, streaming: bool
+    ) -> StepPlan[AIMessage]:
+        question, history, messages = yield from self._prepare_plan(input, config)
+        if streaming:
+            chunks: list[AIMessageChunk] = []
+
+            def keep(chunk: AIMessageChunk) -> AIMessageChunk:
+                chunks.append(chunk)
+                return chunk
+
+            yield steps.stream(self.llm, messages, config, keep)
+            answer = as_ai(reduce(operator.add, chunks) if chunks else AIMessageChunk(content=""))
+        else:
+            answer = yield steps.invoke(self.llm, messages, config)
+        # Reached only when the answer is complete: an error or an abandoned stream
+        # never archives half an answer.
+        turn = [HumanMessage(question), answer]
+        yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         return answer
+
+    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+        return run(self._answer_plan(input, config, False))
 
     async def _ainvoke(self, input: Any, config: RunnableConfig) -> AIMessage:
-        question, history, messages = await self._aprepare(input, config)
-        answer = await self.llm.ainvoke(messages, config)
-        await history.aadd_messages([HumanMessage(question), answer])
-        return answer
+        return await arun(self._answer_plan(input, config, False))
 
     def _stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AIMessageChunk]:
-        question, history, messages = self._prepare(next(iter(inputs)), config)
-        answer: AIMessageChunk | None = None
-        for chunk in self.llm.stream(messages, config):
-            answer = chunk if answer is None else answer + chunk
-            yield chunk
-        # Reached only when the stream completed: an error or an abandoned stream
-        # never archives half an answer.
-        history.add_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
+        yield from run_stream(self._answer_plan(next(iter(inputs)), config, True))
 
     async def _astream(
         self, inputs: AsyncIterator[Any], config: RunnableConfig
     ) -> AsyncIterator[AIMessageChunk]:
-        question, history, messages = await self._aprepare(await anext(aiter(inputs)), config)
-        answer: AIMessageChunk | None = None
-        async for chunk in self.llm.astream(messages, config):
-            answer = chunk if answer is None else answer + chunk
+        plan = self._answer_plan(await anext(aiter(inputs)), config, True)
+        async for chunk in arun_stream(plan):
             yield chunk
-        await history.aadd_messages([HumanMessage(question), _as_ai(answer or AIMessageChunk(""))])
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
         """Answer one question of a session and archive the turn."""
@@ -485,26 +493,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             yield chunk
 
 
-def create_tiered_chain(
-    llm: Runnable[Any, Any],
-    *,
-    backup: MySQLBackup | SessionFileArchive | str | None = None,
-    long_memory: ChromaLongMemory | None = None,
-    knowledge: Runnable[str, Any] | KnowledgeBase | None = None,
-    consolidator: MemoryConsolidator | None = None,
-    compressor: Runnable[Any, list[BaseMessage]] | None = None,
-    system_prompt: str | None = None,
-    language: Literal["en", "zh"] = "en",
-    input_key: str = "input",
-    window_turns: int = 10,
-    window_max_tokens: int | None = 8000,
-    token_counter: TokenCounter | None = None,
-    k: int = 10,
-    memory_scope: Literal["session", "user"] = "session",
-    knowledge_k: int = 4,
-    max_continuations: int = 3,
-    retrieval_errors: Literal["warn", "raise"] = "warn",
-) -> TieredChain:
+def create_tiered_chain(llm: Runnable[Any, Any], **options: Unpack[ChainOptions]) -> TieredChain:
     """The v3 design's chat pipeline: memories, window, knowledge, compression, LLM.
 
     Each call reads ``session_id`` (required) and ``user_id`` from
@@ -521,32 +510,8 @@ def create_tiered_chain(
 
     Args:
         llm: A chat model (or a ``FinishReasonHandler`` configured yourself).
-        backup: The archive: a ``MySQLBackup``, a database URL, a
-            ``SessionFileArchive``; ``None`` means the tiers' archive or the
-            embedded default.
-        long_memory: The long-term tier; ``None`` for none.
-        knowledge: Any ``BaseRetriever`` (or a ``KnowledgeBase``) whose documents
-            go into the prompt.
-        consolidator: The MEMORY.md tier; ``None`` for none.
-        compressor: Runs on the assembled prompt before the LLM; default
-            ``ContextCompressor(language=language, token_counter=token_counter)``.
-        system_prompt: Replaces the default instructions at the top of the prompt.
-        language: ``"en"`` or ``"zh"``: section labels, default system prompt,
-            the compressor's summary and the continue prompt.
-        input_key: The question's key in a dict input.
-        window_turns: Recent turns in the window.
-        window_max_tokens: The window's token budget (``None`` for none).
-        token_counter: Counts tokens for the window and the default compressor.
-        k: Long-term memories per question.
-        memory_scope: ``"session"``, or ``"user"`` to recall across the user's
-            sessions (then ``user_id`` is required in the config).
-        knowledge_k: Documents per question when ``knowledge`` is a
-            ``KnowledgeBase``.
-        max_continuations: Continuations of a truncated answer.
-        retrieval_errors: ``"warn"`` (default): a failing long-term memory,
-            MEMORY.md or knowledge base is logged, warned about
-            (:class:`RetrievalFailedWarning`) and left out; ``"raise"``: the call
-            fails.
+        **options: The archive, the tiers and the settings: see
+            :class:`ChainOptions` (every key is optional).
 
     Returns:
         A Runnable with ``invoke``, ``ainvoke``, ``stream``, ``astream`` (and
@@ -554,6 +519,7 @@ def create_tiered_chain(
 
     Raises:
         ValueError: On a bad setting, or tiers that do not share the archive.
+        TypeError: On an option ``ChainOptions`` does not have.
 
     Example:
         .. code-block:: python
@@ -564,25 +530,7 @@ def create_tiered_chain(
             for chunk in chat.stream({"input": "总结一下"}, config=config):
                 print(chunk.text, end="")
     """
-    return TieredChain(
-        llm,
-        backup=backup,
-        long_memory=long_memory,
-        knowledge=knowledge,
-        consolidator=consolidator,
-        compressor=compressor,
-        system_prompt=system_prompt,
-        language=language,
-        input_key=input_key,
-        window_turns=window_turns,
-        window_max_tokens=window_max_tokens,
-        token_counter=token_counter,
-        k=k,
-        memory_scope=memory_scope,
-        knowledge_k=knowledge_k,
-        max_continuations=max_continuations,
-        retrieval_errors=retrieval_errors,
-    )
+    return TieredChain(llm, **options)
 
 
-__all__ = ["LABELS", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]
+__all__ = ["ChainOptions", "RetrievalFailedWarning", "TieredChain", "create_tiered_chain"]

@@ -11,7 +11,6 @@ the archive, and the summary's place, first in the buffer, goes to the session's
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Literal
 
 from langchain_classic.memory.chat_memory import BaseChatMemory
@@ -27,6 +26,8 @@ from langchain_core.messages import (
 from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field, model_validator
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.steps import Call, Gather, StepPlan, arun, run
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory, format_memory_context
 
 # ConversationSummaryBufferMemory arguments with no counterpart here, and why.
@@ -36,8 +37,8 @@ _REPLACED = {
     "max_token_limit": "the window's budget is TieredChatMessageHistory(window_max_tokens=...)",
     "moving_summary_buffer": "the summary's place is taken by MEMORY.md "
     "(MemoryConsolidator) and the long-term memories, both derived from the archive",
-    "prompt": "extraction and consolidation prompts live in ChromaLongMemory and "
-    "MemoryConsolidator",
+    "prompt": "extraction and consolidation prompts live in core/prompts.py and are the "
+    "prompts= of ChromaLongMemory and MemoryConsolidator",
     "summary_message_cls": "use context_message_cls",
 }
 
@@ -164,6 +165,16 @@ class TieredMemory(BaseChatMemory):
         text = get_buffer_string(buffer, human_prefix=self.human_prefix, ai_prefix=self.ai_prefix)
         return {self.memory_key: text}
 
+    def _load_plan(self, inputs: dict[str, Any]) -> StepPlan[dict[str, Any]]:
+        query = self._query(inputs)
+        window_read = Call(lambda: self.history.messages, self.history.aget_messages)
+        context_read = steps.offload(lambda: self._context(query))
+        window, context = yield Gather((window_read, context_read))
+        for result in (window, context):
+            if isinstance(result, BaseException):
+                raise result
+        return self._render(context, window)
+
     def load_memory_variables(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """The buffer for this input: MEMORY.md and relevant memories, then the window.
 
@@ -175,8 +186,7 @@ class TieredMemory(BaseChatMemory):
             ``{memory_key: buffer}``: a list of messages with
             ``return_messages=True``, else one string.
         """
-        query = self._query(inputs)
-        return self._render(self._context(query), self.history.messages)
+        return run(self._load_plan(inputs))
 
     async def aload_memory_variables(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Async :meth:`load_memory_variables`.
@@ -184,11 +194,7 @@ class TieredMemory(BaseChatMemory):
         The window is read with the archive's async driver; the long-term search
         (CPU-bound embedding and in-process scoring) runs in an executor meanwhile.
         """
-        query = self._query(inputs)
-        window, context = await asyncio.gather(
-            self.history.aget_messages(), run_in_executor(None, self._context, query)
-        )
-        return self._render(context, window)
+        return await arun(self._load_plan(inputs))
 
     # -- writing --------------------------------------------------------------
 

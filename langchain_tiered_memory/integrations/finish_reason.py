@@ -42,6 +42,10 @@ from langchain_core.messages.ai import add_usage
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.prompts import prompts_for
+from langchain_tiered_memory.core.steps import Emit, StepPlan, arun, arun_stream, run, run_stream
+
 #: The ``response_metadata`` key of the mark left on every answer.
 MARK_KEY = "tiered_memory"
 
@@ -51,17 +55,6 @@ FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason", "stopReason", "fin
 TRUNCATED_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
 # The OpenAI Responses API reports the limit here instead.
 _INCOMPLETE_KEYS = ("status", "incomplete_details")
-
-CONTINUE_PROMPTS = {
-    "en": (
-        "Your previous answer was cut off by the output length limit. Continue exactly "
-        "where it stopped: do not repeat anything and do not add a preamble."
-    ),
-    "zh": (
-        "你上一条回答因输出长度限制被截断了。"
-        "请从中断处继续输出，不要重复已输出的内容，也不要加开场白。"
-    ),
-}
 
 
 def _reason_text(value: Any) -> str | None:
@@ -108,7 +101,12 @@ def _as_messages(value: Any) -> list[BaseMessage]:
     return convert_to_messages(value)
 
 
-def _as_ai(value: Any) -> AIMessage:
+def as_ai(value: Any) -> AIMessage:
+    """``value`` as a complete ``AIMessage``.
+
+    A chunk (or a sum of chunks) becomes a message; another message keeps its
+    content and response metadata; anything else is its ``str``.
+    """
     if isinstance(value, AIMessageChunk):
         value = message_chunk_to_message(value)
     if isinstance(value, AIMessage):
@@ -205,7 +203,7 @@ class _StreamParts:
         return chunk.model_copy(update={"response_metadata": metadata, "chunk_position": None})
 
     def part(self) -> AIMessage:
-        return _as_ai(self.current) if self.current is not None else AIMessage("")
+        return as_ai(self.current) if self.current is not None else AIMessage("")
 
     def final(self) -> AIMessageChunk:
         last = self.part()
@@ -245,7 +243,8 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         llm: The chat model (or any Runnable from chat input to a message, such as
             ``model.bind_tools(...)``).
         max_continuations: How many times to ask for more; ``0`` only marks.
-        continue_prompt: The request to continue; default per ``language``.
+        continue_prompt: The request to continue; default the ``language``'s
+            ``Prompts.continue_prompt``.
         language: ``"en"`` or ``"zh"`` for the default continue prompt.
 
     Example:
@@ -274,9 +273,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         ):
             msg = f"max_continuations must be an int >= 0, got {max_continuations!r}"
             raise ValueError(msg)
-        if language not in CONTINUE_PROMPTS:
-            msg = f"language must be 'en' or 'zh', got {language!r}"
-            raise ValueError(msg)
+        default_prompt = prompts_for(language).continue_prompt
         if continue_prompt is not None and (
             not isinstance(continue_prompt, str) or not continue_prompt.strip()
         ):
@@ -285,7 +282,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         self.llm = llm
         self.max_continuations = max_continuations
         self.language = language
-        self.continue_prompt = continue_prompt or CONTINUE_PROMPTS[language]
+        self.continue_prompt = continue_prompt or default_prompt
 
     def __repr__(self) -> str:
         return f"FinishReasonHandler(llm={self.llm!r}, max_continuations={self.max_continuations})"
@@ -343,61 +340,56 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
     def _text(parts: Sequence[AIMessage]) -> str:
         return "".join(part.text for part in parts)
 
+    def _plan(
+        self, messages: list[BaseMessage], config: RunnableConfig, streaming: bool, **kwargs: Any
+    ) -> StepPlan[AIMessage]:
+        """Ask, then ask to continue while the answer is cut; relay chunks when streaming."""
+        state = _StreamParts()
+        parts: list[AIMessage] = []
+        prompt = messages
+        while True:
+            if streaming:
+                state.start_part()
+                yield steps.stream(
+                    self.llm,
+                    prompt,
+                    config,
+                    lambda chunk: state.outgoing(_as_chunk(chunk)),
+                    **kwargs,
+                )
+                parts.append(state.part())
+            else:
+                parts.append(as_ai((yield steps.invoke(self.llm, prompt, config, **kwargs))))
+            if not self._should_continue(parts[-1], len(parts) - 1):
+                break
+            state.continuations += 1
+            prompt = self._continuation(messages, self._text(parts))
+        if streaming:
+            yield Emit(state.final())
+        return stitch(parts)
+
     def _invoke(
         self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
     ) -> AIMessage:
-        messages = _as_messages(input)
-        parts = [_as_ai(self.llm.invoke(messages, config, **kwargs))]
-        while self._should_continue(parts[-1], len(parts) - 1):
-            prompt = self._continuation(messages, self._text(parts))
-            parts.append(_as_ai(self.llm.invoke(prompt, config, **kwargs)))
-        return stitch(parts)
+        return run(self._plan(_as_messages(input), config, False, **kwargs))
 
     async def _ainvoke(
         self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
     ) -> AIMessage:
-        messages = _as_messages(input)
-        parts = [_as_ai(await self.llm.ainvoke(messages, config, **kwargs))]
-        while self._should_continue(parts[-1], len(parts) - 1):
-            prompt = self._continuation(messages, self._text(parts))
-            parts.append(_as_ai(await self.llm.ainvoke(prompt, config, **kwargs)))
-        return stitch(parts)
+        return await arun(self._plan(_as_messages(input), config, False, **kwargs))
 
     def _stream(
         self, inputs: Iterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
         messages = _as_messages(next(iter(inputs)))
-        state = _StreamParts()
-        parts: list[AIMessage] = []
-        prompt = messages
-        while True:
-            state.start_part()
-            for chunk in self.llm.stream(prompt, config, **kwargs):
-                yield state.outgoing(_as_chunk(chunk))
-            parts.append(state.part())
-            if not self._should_continue(parts[-1], len(parts) - 1):
-                break
-            state.continuations += 1
-            prompt = self._continuation(messages, self._text(parts))
-        yield state.final()
+        yield from run_stream(self._plan(messages, config, True, **kwargs))
 
     async def _astream(
         self, inputs: AsyncIterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
     ) -> AsyncIterator[AIMessageChunk]:
         messages = _as_messages(await anext(aiter(inputs)))
-        state = _StreamParts()
-        parts: list[AIMessage] = []
-        prompt = messages
-        while True:
-            state.start_part()
-            async for chunk in self.llm.astream(prompt, config, **kwargs):
-                yield state.outgoing(_as_chunk(chunk))
-            parts.append(state.part())
-            if not self._should_continue(parts[-1], len(parts) - 1):
-                break
-            state.continuations += 1
-            prompt = self._continuation(messages, self._text(parts))
-        yield state.final()
+        async for chunk in arun_stream(self._plan(messages, config, True, **kwargs)):
+            yield chunk
 
     # -- Runnable ---------------------------------------------------------------
 

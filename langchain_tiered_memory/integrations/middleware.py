@@ -25,11 +25,12 @@ from langchain.agents.middleware.types import (
 )
 from langchain_core.documents import Document
 from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables.config import run_in_executor
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
 
+from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.steps import Call, StepPlan, arun, run
 from langchain_tiered_memory.core.validation import check_int, validate_id, validate_optional_id
 from langchain_tiered_memory.memory.history import (
     TieredChatMessageHistory,
@@ -304,6 +305,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
                     token_counter=base.count_tokens,
                     tools=tools,
                     language=base.language,
+                    prompts=base.prompts,
                     timeline_entries=base.timeline_entries,
                     entry_chars=base.entry_chars,
                 )
@@ -341,6 +343,13 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
             return request
         return request.override(system_message=system, messages=messages)
 
+    def _request_plan(self, request: ModelRequest[Any]) -> StepPlan[ModelRequest[Any]]:
+        history = self.history(request.runtime)
+        query = _last_human_text(request.messages)
+        # The search is sync (embedding, in-process scoring): an executor on the async path.
+        context = yield steps.offload(lambda: self._context(history, query))
+        return self._prepare(request, context)
+
     @override
     def wrap_model_call(
         self,
@@ -348,9 +357,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelCallResult:
         """Add MEMORY.md and relevant memories to this call; compress it if over budget."""
-        history = self.history(request.runtime)
-        context = self._context(history, _last_human_text(request.messages))
-        return handler(self._prepare(request, context))
+        return handler(run(self._request_plan(request)))
 
     @override
     async def awrap_model_call(
@@ -359,10 +366,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelCallResult:
         """Async :meth:`wrap_model_call` (the search runs in an executor)."""
-        history = self.history(request.runtime)
-        query = _last_human_text(request.messages)
-        context = await run_in_executor(None, self._context, history, query)
-        return await handler(self._prepare(request, context))
+        return await handler(await arun(self._request_plan(request)))
 
     # -- after the run ----------------------------------------------------------
 
@@ -385,36 +389,34 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         known = {m.id for m in tail if m.id is not None}
         return [m for m in fresh if m.id is None or m.id not in known]
 
-    @override
-    def after_agent(self, state: TieredMemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Archive the messages this run added to the thread (which queues extraction)."""
+    def _archive_plan(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> StepPlan[dict[str, Any] | None]:
         history = self.history(runtime)
+        session_id, user_id = history.session_id, history.user_id
         fresh, ids = self._unarchived(state)
         if fresh:
-            tail = self.backup.tail(
-                history.session_id, self._tail_turns(fresh), user_id=history.user_id
+            turns = self._tail_turns(fresh)
+            tail = yield Call(
+                lambda: self.backup.tail(session_id, turns, user_id=user_id),
+                lambda: self.backup.atail(session_id, turns, user_id=user_id),
             )
             fresh = self._drop_known(fresh, tail)
         if fresh:
-            history.add_messages(fresh)
+            new = fresh
+            yield Call(lambda: history.add_messages(new), lambda: history.aadd_messages(new))
         if ids == list(state.get(ARCHIVED_KEY) or ()):
             return None
         return {ARCHIVED_KEY: ids}
+
+    @override
+    def after_agent(self, state: TieredMemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Archive the messages this run added to the thread (which queues extraction)."""
+        return run(self._archive_plan(state, runtime))
 
     @override
     async def aafter_agent(
         self, state: TieredMemoryState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async :meth:`after_agent`, on the archive's async driver."""
-        history = self.history(runtime)
-        fresh, ids = self._unarchived(state)
-        if fresh:
-            tail = await self.backup.atail(
-                history.session_id, self._tail_turns(fresh), user_id=history.user_id
-            )
-            fresh = self._drop_known(fresh, tail)
-        if fresh:
-            await history.aadd_messages(fresh)
-        if ids == list(state.get(ARCHIVED_KEY) or ()):
-            return None
-        return {ARCHIVED_KEY: ids}
+        return await arun(self._archive_plan(state, runtime))

@@ -9,6 +9,7 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 
+from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_optional_int,
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.storage.session_files import SessionFileArchive
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
-
-CONSOLIDATED_HEADER = "Consolidated memory (MEMORY.md):"
-MEMORIES_HEADER = "Relevant long-term memories:"
 
 
 def resolve_backup(

@@ -32,6 +32,7 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
 
@@ -49,35 +50,6 @@ PENDING_WORDS = (
     "未完成",
 )
 
-LABELS = {
-    "en": {
-        "title": "[Context compression summary]",
-        "scope": "Scope:",
-        "counts": "- {total} messages compressed (user={user}, assistant={ai}, tool={tool})",
-        "tools": "- Tools used: {tools}",
-        "requests": "- Recent user requests:",
-        "timeline": "- Timeline:",
-        "omitted": "    ... {n} messages omitted ...",
-        "repeats": "- Repeated tool outputs counted, not repeated: {n}",
-        "dropped": "- Messages force-deleted to fit the context: {n}",
-        "pending": "- Pending work:",
-        "roles": {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"},
-    },
-    "zh": {
-        "title": "[上下文压缩摘要]",
-        "scope": "压缩范围：",
-        "counts": "- 共 {total} 条消息被压缩（用户={user}, 助手={ai}, 工具={tool}）",
-        "tools": "- 使用的工具：{tools}",
-        "requests": "- 最近的用户请求：",
-        "timeline": "- 关键时间线：",
-        "omitted": "    ... 省略 {n} 条消息 ...",
-        "repeats": "- 重复的工具输出（只计数不重复）：{n}",
-        "dropped": "- 为防止超限强制删除的消息：{n}",
-        "pending": "- 待办事项：",
-        "roles": {"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"},
-    },
-}
-
 
 class ContextOverflowError(ValueError):
     """The prompt is too large even after compression: start a new session.
@@ -87,14 +59,13 @@ class ContextOverflowError(ValueError):
         limit: The error threshold it passed.
     """
 
-    def __init__(self, estimated_tokens: int, limit: int, language: str = "en") -> None:
+    def __init__(
+        self, estimated_tokens: int, limit: int, language: str = "en", advice: str | None = None
+    ) -> None:
         self.estimated_tokens = estimated_tokens
         self.limit = limit
-        advice = (
-            "请新建会话继续。"
-            if language == "zh"
-            else "Start a new session (its memories carry over through the long-term tier)."
-        )
+        if advice is None:
+            advice = prompts_for(language).compression.overflow_advice
         super().__init__(
             f"the prompt needs about {estimated_tokens} tokens after compression, over the "
             f"limit of {limit}. {advice}"
@@ -213,6 +184,9 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             :func:`~langchain_tiered_memory.estimate_tokens`.
         tools: Tool schemas bound to the model, counted in the prompt's size.
         language: Labels of the summary; ``None`` follows the conversation.
+        prompts: The summary's labels (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`) whatever the
+            conversation's language; ``None`` picks them by ``language``.
         timeline_entries: Timeline entries kept (the first two and the latest).
         entry_chars: Characters per timeline entry.
     """
@@ -227,6 +201,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         token_counter: TokenCounter | None = None,
         tools: Sequence[Any] | None = None,
         language: Literal["en", "zh"] | None = None,
+        prompts: Prompts | None = None,
         timeline_entries: int = 10,
         entry_chars: int = 160,
     ) -> None:
@@ -250,9 +225,13 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         self.count_tokens = resolve_token_counter(token_counter)
         self.tools = list(tools or [])
         self.language = language
+        self.prompts = prompts
         self.timeline_entries = max(3, timeline_entries)
         self.entry_chars = entry_chars
         self._tool_tokens = self._count_tools(self.tools)
+
+    def _labels(self, language: str) -> CompressionLabels:
+        return (self.prompts or prompts_for(language)).compression
 
     # -- measuring ------------------------------------------------------------
 
@@ -345,7 +324,8 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 if size <= self.force_delete_threshold:
                     break
         if size > self.error_threshold:
-            raise ContextOverflowError(size, self.error_threshold, language)
+            advice = self._labels(language).overflow_advice
+            raise ContextOverflowError(size, self.error_threshold, language, advice)
         return messages
 
     def _digest(
@@ -365,7 +345,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             digest.timeline.extend(old.timeline)
             digest.pending.extend(old.pending)
             digest.seen_outputs.extend(old.seen_outputs)
-        roles = LABELS[language]["roles"]
+        roles = self._labels(language).roles
         seen_outputs = set(digest.seen_outputs)
         tool_names: dict[str, str] = {}
         for message in messages:
@@ -412,30 +392,30 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         return digest
 
     def _summary_message(self, digest: _Digest, language: str) -> SystemMessage:
-        labels = LABELS[language]
+        labels = self._labels(language)
         lines = [
-            labels["title"],
-            labels["scope"],
-            labels["counts"].format(
+            labels.title,
+            labels.scope,
+            labels.counts.format(
                 total=digest.total, user=digest.user, ai=digest.ai, tool=digest.tool
             ),
         ]
         if digest.tools:
-            lines.append(labels["tools"].format(tools=", ".join(digest.tools)))
+            lines.append(labels.tools.format(tools=", ".join(digest.tools)))
         if digest.requests:
-            lines.append(labels["requests"])
+            lines.append(labels.requests)
             lines.extend(f"    • {r}" for r in digest.requests)
-        lines.append(labels["timeline"])
+        lines.append(labels.timeline)
         entries = [f"    • {e}" for e in digest.timeline]
         if digest.omitted:
-            entries.insert(2, labels["omitted"].format(n=digest.omitted))
+            entries.insert(2, labels.omitted.format(n=digest.omitted))
         lines.extend(entries)
         if digest.repeats:
-            lines.append(labels["repeats"].format(n=digest.repeats))
+            lines.append(labels.repeats.format(n=digest.repeats))
         if digest.dropped:
-            lines.append(labels["dropped"].format(n=digest.dropped))
+            lines.append(labels.dropped.format(n=digest.dropped))
         if digest.pending:
-            lines.append(labels["pending"])
+            lines.append(labels.pending)
             lines.extend(f"    • {p}" for p in digest.pending)
         return SystemMessage("\n".join(lines), additional_kwargs={SUMMARY_KEY: vars(digest)})
 

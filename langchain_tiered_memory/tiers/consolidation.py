@@ -40,6 +40,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -70,34 +71,6 @@ from langchain_tiered_memory.text.lexical import cjk_share
 
 logger = logging.getLogger(__name__)
 
-PROMPTS = {
-    "zh": (
-        "请分析以下对话，提取关键信息并更新长期记忆。\n"
-        "## 当前长期记忆\n{memory}\n"
-        "## 需要处理的对话\n{conversation}\n"
-        "请以 Markdown 格式输出更新后的长期记忆，包括：\n"
-        "1. **用户偏好和习惯**\n"
-        "2. **已知的数据库信息**（表名、字段名、连接信息；密码、密钥等机密一律写作 ***）\n"
-        "3. **已解决的问题和答案**\n"
-        "4. **待解决的问题**\n"
-    ),
-    "en": (
-        "Analyse the conversation below, extract the key information and update the "
-        "long-term memory.\n"
-        "## Current long-term memory\n{memory}\n"
-        "## Conversation to process\n{conversation}\n"
-        "Answer with the updated long-term memory in Markdown, with:\n"
-        "1. **User preferences and habits**\n"
-        "2. **Known database facts** (tables, fields, connections; write every password, "
-        "key or other secret as ***)\n"
-        "3. **Solved problems and their answers**\n"
-        "4. **Open problems**\n"
-    ),
-}
-ROLE_LABELS = {
-    "zh": {"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"},
-    "en": {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"},
-}
 MESSAGE_CHARS = 2000  # per message in the prompt and HISTORY.md; the archive keeps all
 # Lone surrogates cannot be written as UTF-8 (files, MySQL): they become U+FFFD.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -195,6 +168,9 @@ class MemoryConsolidator(QueueWorker):
         timeout: Seconds one LLM call may take.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
         language: ``"en"`` or ``"zh"`` prompt; ``None`` follows the conversation.
+        prompts: The prompt and speaker labels (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`) for every
+            batch; ``None`` picks them by ``language``.
         poll_interval: Seconds between queue polls when idle.
         start_worker: Start the background worker now.
         lease_seconds: How long a claim lasts if its worker vanishes silently.
@@ -212,6 +188,7 @@ class MemoryConsolidator(QueueWorker):
         timeout: float = 120.0,
         retry_base_delay: float = 1.0,
         language: Literal["en", "zh"] | None = None,
+        prompts: Prompts | None = None,
         poll_interval: float = 1.0,
         start_worker: bool = True,
         lease_seconds: float = 600.0,
@@ -238,6 +215,7 @@ class MemoryConsolidator(QueueWorker):
         self.timeout = timeout
         self.retry_base_delay = retry_base_delay
         self.language = language
+        self.prompts = prompts
         self.tables = backup.tables
         self._disk_failures: dict[int, int] = {}  # job id -> file write failures in a row
         # Recorded in the archive, so a forget from any process reaches these folders.
@@ -318,8 +296,8 @@ class MemoryConsolidator(QueueWorker):
         messages = yield from self.backup._load_plan(rows)
         return cursor, memory, rows, messages
 
-    def _format(self, messages: Sequence[BaseMessage], language: str) -> str:
-        labels = ROLE_LABELS[language]
+    def _format(self, messages: Sequence[BaseMessage], prompts: Prompts) -> str:
+        labels = prompts.consolidation_roles
         lines = []
         for message in messages:
             text = message.text if isinstance(message.text, str) else str(message.content)
@@ -365,13 +343,13 @@ class MemoryConsolidator(QueueWorker):
         cursor, memory, rows, messages = self.backup.run(self._batch_plan(job.session_id))
         if not rows:
             return self._write_and_commit(job, cursor, None)
-        language = self.language or (
-            "zh" if cjk_share(self._format(messages[:10], "en")) > 0.2 else "en"
+        prompts = self.prompts or prompts_for(
+            self.language or ("zh" if cjk_share(self._format(messages[:10], EN)) > 0.2 else "en")
         )
-        conversation = self._format(messages, language)
+        conversation = self._format(messages, prompts)
         raw = job.attempts >= self.max_attempts
         if not raw:
-            prompt = PROMPTS[language].format(memory=memory or "-", conversation=conversation)
+            prompt = prompts.consolidation.format(memory=memory or "-", conversation=conversation)
             answer = call_with_timeout(
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )

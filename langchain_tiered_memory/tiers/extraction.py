@@ -1,4 +1,7 @@
-"""What goes into long-term memory from one finished turn: the v3 design's prompt."""
+"""What goes into long-term memory from one finished turn: the v3 design's prompt.
+
+The prompt and the speaker labels are a :class:`~langchain_tiered_memory.core.prompts.Prompts`.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +10,10 @@ from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
+from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
 
-PROMPTS = {
-    "zh": (
-        "总结以下对话的核心语义。\n"
-        "保留任务目标、问题描述、解决方案、重要约束；\n"
-        "忽略礼貌用语、重复内容、确认性回复；\n"
-        "如果没有任何实质性内容，只返回 NONE。\n\n"
-        "{conversation}\n\n总结："
-    ),
-    "en": (
-        "Summarise the core meaning of the conversation below.\n"
-        "Keep task goals, problem descriptions, solutions and important constraints;\n"
-        "drop courtesies, repetition and confirmations;\n"
-        "if there is nothing of substance, answer only NONE.\n\n"
-        "{conversation}\n\nSummary:"
-    ),
-}
-LABELS = {"zh": ("用户", "AI"), "en": ("User", "AI")}
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
 
 
@@ -40,13 +27,22 @@ def detect_language(messages: Sequence[BaseMessage]) -> str:
     return "zh" if cjk_share(sample) > 0.2 else "en"
 
 
-def format_turn(messages: Sequence[BaseMessage], language: str) -> str:
+def turn_prompts(
+    messages: Sequence[BaseMessage], language: str | None = None, prompts: Prompts | None = None
+) -> Prompts:
+    """The prompts for a turn: ``prompts`` if given, else ``language``'s or the turn's."""
+    if prompts is not None:
+        return prompts
+    return prompts_for(language or detect_language(messages))
+
+
+def format_turn(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
     """The turn as ``User: ...`` / ``AI: ...`` lines (tool traffic left out).
 
-    A message's ``name``, when set, replaces the generic label, so who said what
-    survives into the memory.
+    The labels are ``prompts.extraction_roles``; a message's ``name``, when set,
+    replaces the generic label, so who said what survives into the memory.
     """
-    user, ai = LABELS[language]
+    user, ai = prompts.extraction_roles["human"], prompts.extraction_roles["ai"]
     lines = []
     for message in messages:
         text = _text(message).strip()
@@ -59,10 +55,9 @@ def format_turn(messages: Sequence[BaseMessage], language: str) -> str:
     return "\n".join(lines)
 
 
-def extraction_prompt(messages: Sequence[BaseMessage], language: str | None = None) -> str:
-    """The v3 extraction prompt for a turn, in the turn's language by default."""
-    language = language or detect_language(messages)
-    return PROMPTS[language].format(conversation=format_turn(messages, language))
+def extraction_prompt(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
+    """The v3 extraction prompt (``prompts.extraction``) for a turn."""
+    return prompts.extraction.format(conversation=format_turn(messages, prompts))
 
 
 def parse_extraction(answer: BaseMessage | str) -> str | None:

@@ -43,6 +43,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from sqlalchemy import delete, func, insert, or_, select, update
 
 from langchain_tiered_memory.core.extras import import_extra
+from langchain_tiered_memory.core.prompts import Prompts
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -70,10 +71,10 @@ from langchain_tiered_memory.storage.jobs import (
 )
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.tiers.extraction import (
-    detect_language,
     extraction_prompt,
     format_turn,
     parse_extraction,
+    turn_prompts,
 )
 
 logger = logging.getLogger(__name__)
@@ -371,6 +372,9 @@ class ChromaLongMemory(QueueWorker):
             live; ``None`` means the embedded default archive.
         language: ``"en"`` or ``"zh"`` for the extraction prompt and raw-turn
             labels; ``None`` picks per turn.
+        prompts: The extraction prompt and raw-turn labels for every turn (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`); ``None``
+            picks them by ``language``.
         dedupe_threshold: Deprecated and ignored: whether two memories say the same
             thing is decided by their text, which no embedding's similarity scale
             can tell (two different turns score 0.95 with some models). A memory
@@ -416,6 +420,7 @@ class ChromaLongMemory(QueueWorker):
         extractor: BaseChatModel | None = None,
         backup: MySQLBackup | None = None,
         language: Literal["en", "zh"] | None = None,
+        prompts: Prompts | None = None,
         dedupe_threshold: float | None = None,
         max_attempts: int = 3,
         extract_timeout: float = 60.0,
@@ -479,6 +484,7 @@ class ChromaLongMemory(QueueWorker):
         self.embedding = embedding
         self.extractor = extractor
         self.language = language
+        self.prompts = prompts
         self.max_attempts = max_attempts
         self.extract_timeout = extract_timeout
         self.retry_base_delay = retry_base_delay
@@ -595,11 +601,11 @@ class ChromaLongMemory(QueueWorker):
 
     def _extract(self, job: Job, turn: Sequence[BaseMessage]) -> tuple[str | None, str]:
         """The memory text of a turn and its kind (``extracted`` or ``raw``)."""
-        language = self.language or detect_language(turn)
+        prompts = turn_prompts(turn, self.language, self.prompts)
         if self.extractor is None or job.attempts >= self.max_attempts:
-            raw = format_turn(turn, language)
+            raw = format_turn(turn, prompts)
             return (_storable(raw) if raw else None), "raw"
-        prompt = extraction_prompt(turn, language)
+        prompt = extraction_prompt(turn, prompts)
         answer = call_with_timeout(lambda: self.extractor.invoke(prompt), self.extract_timeout)
         text = parse_extraction(answer)
         return (None if text is None else _storable(text)), "extracted"
@@ -667,7 +673,7 @@ class ChromaLongMemory(QueueWorker):
         hashes = []
         for end in range(max(1, len(messages) - PREFIXES), len(messages)):
             prefix = messages[:end]
-            text = format_turn(prefix, self.language or detect_language(prefix))
+            text = format_turn(prefix, turn_prompts(prefix, self.language, self.prompts))
             if text:
                 hashes.append(_content_hash(_storable(text), "raw"))
         return hashes
@@ -676,7 +682,7 @@ class ChromaLongMemory(QueueWorker):
         messages = [r.message for r in before if role_of(r.message) in ("human", "ai")]
         if not messages:
             return None
-        text = format_turn(messages, self.language or detect_language(messages))
+        text = format_turn(messages, turn_prompts(messages, self.language, self.prompts))
         return _storable(text[:CONTEXT_CHARS]) if text else None
 
     def _unreadable(self, job: Job, exc: BaseException) -> None:
