@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build: this machine kind keeps its wheel on disk (PIP_FIND_LINKS); a bare
 # `torch` requirement would pull a multi-GB CUDA build instead.
 TORCH ?= torch==2.13.0
+LINTED := langchain_tiered_memory tests benchmarks examples notebooks
 
 .PHONY: demo test lint bench clean
 
@@ -27,7 +28,9 @@ demo: $(VENV)/.demo
 	$(VENV)/bin/tiered-memory demo
 
 test: $(VENV)/.test
-	$(PY) -m ruff check langchain_tiered_memory tests benchmarks examples notebooks
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.test

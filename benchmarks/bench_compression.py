@@ -69,6 +69,7 @@ from langchain_core.messages import (
 from langchain_core.tools import tool
 
 from benchmarks import erp_synth
+from benchmarks.stats import percentile
 from langchain_tiered_memory import ContextCompressor, ContextOverflowError, estimate_tokens
 from langchain_tiered_memory.text.tokens import MESSAGE_OVERHEAD
 from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
@@ -385,7 +386,7 @@ def part_a(turns: int, seed: int) -> dict[str, Any]:
         "first_question_without_over_120k": first_over("question_without"),
         "first_answer_without_over_120k": first_over("answer_without"),
         "overflows": [r.turn for r in rows if r.overflow],
-        "compress_ms_p50": round(statistics.median(ms), 2),
+        "compress_ms_p50": round(percentile(ms, 50), 2),
         "compress_ms_max": round(max(ms), 2),
         "final_question_prompt": {
             "messages": len(result["final_question_prompt"] or []),
@@ -451,11 +452,6 @@ def _inputs(mode: str, base: list[BaseMessage], call: int) -> list[BaseMessage]:
     return _rebuild(base, lambda text: f"#{call} {text}")  # cold: the cache has never seen it
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 MODES = ("warm", "deepcopy", "fresh str", "cold")
 
 
@@ -487,10 +483,10 @@ def time_modes(
         {
             "mode": mode,
             "calls": calls,
-            "p50_ms": round(statistics.median(compress_ms[mode]), 2),
-            "p95_ms": round(_percentile(compress_ms[mode], 0.95), 2),
+            "p50_ms": round(percentile(compress_ms[mode], 50), 2),
+            "p95_ms": round(percentile(compress_ms[mode], 95), 2),
             "max_ms": round(max(compress_ms[mode]), 2),
-            "measure_p50_ms": round(statistics.median(measure_ms[mode]), 2),
+            "measure_p50_ms": round(percentile(measure_ms[mode], 50), 2),
             "out_messages": len(outputs[mode]),
             "out_tokens": compressor.measure(outputs[mode]),
         }

@@ -35,7 +35,6 @@ import functools
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ import sqlalchemy as sa
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, message_to_dict
 
+from benchmarks.stats import percentile
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 
 with warnings.catch_warnings():
@@ -292,11 +292,6 @@ class Result:
     passed: bool | None = None
 
 
-def percentile(values: list[float], pct: int) -> float:
-    """The ``pct``-th percentile (inclusive method)."""
-    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
-
-
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
 
@@ -344,10 +339,10 @@ def bench_hot_path(impl: Impl, backend: str, rows: int, turns: int) -> Result:
         backend=backend,
         rows=rows,
         impl=impl.name,
-        p50_ms=ms(statistics.median(totals)),
+        p50_ms=ms(percentile(totals, 50)),
         p95_ms=ms(percentile(totals, 95)),
-        write_p50_ms=ms(statistics.median(writes)),
-        read_p50_ms=ms(statistics.median(reads)),
+        write_p50_ms=ms(percentile(writes, 50)),
+        read_p50_ms=ms(percentile(reads, 50)),
         samples=len(totals),
     )
     if impl.name == "ours" and rows >= TARGET_ROWS:
@@ -380,9 +375,9 @@ def bench_window_read(impls: dict[str, Impl], backend: str) -> list[Result]:
             backend=backend,
             rows=WINDOW_MESSAGES,
             impl=name,
-            p50_ms=ms(statistics.median(samples)),
+            p50_ms=ms(percentile(samples, 50)),
             p95_ms=ms(percentile(samples, 95)),
-            read_p50_ms=ms(statistics.median(samples)),
+            read_p50_ms=ms(percentile(samples, 50)),
             samples=len(samples),
         )
     ours_result, peer_result = results["ours"], results["peer"]

@@ -48,6 +48,8 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage
 
+from benchmarks.stats import percentile
+
 DEFAULT_URL = os.environ.get("TIERED_MEMORY_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 WORDS = "invoice ledger deploy friday dashboard budget alpha warehouse payroll audit".split()
 _NUMBERS = re.compile(r"<s(\d+)\.t(\d+)>")
@@ -192,13 +194,6 @@ def quota(turns: int, sessions: int) -> list[int]:
     """Turns per session: as even as possible, summing to ``turns``."""
     base, extra = divmod(turns, sessions)
     return [base + (1 if s < extra else 0) for s in range(sessions)]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 @dataclass
@@ -370,8 +365,8 @@ def run(args: argparse.Namespace) -> None:
         ),
         (
             "add_messages p50 / p99 / max",
-            f"{percentile(latencies, 0.5) * 1000:.1f} / "
-            f"{percentile(latencies, 0.99) * 1000:.1f} / {max(latencies, default=0) * 1000:.1f} ms",
+            f"{percentile(latencies, 50) * 1000:.1f} / "
+            f"{percentile(latencies, 99) * 1000:.1f} / {max(latencies, default=0) * 1000:.1f} ms",
         ),
         ("extraction jobs left when the writers ended", f"{left:,} (drained in {drain:.1f} s)"),
         (
@@ -410,8 +405,8 @@ def run(args: argparse.Namespace) -> None:
             },
             {
                 "metric": "load add_messages p50 / p99",
-                "ours": f"{percentile(latencies, 0.5) * 1000:.1f} / "
-                f"{percentile(latencies, 0.99) * 1000:.1f} ms",
+                "ours": f"{percentile(latencies, 50) * 1000:.1f} / "
+                f"{percentile(latencies, 99) * 1000:.1f} ms",
             },
             {
                 "metric": "load: lost / duplicated / reordered turns",

@@ -68,6 +68,7 @@ import numpy as np
 import sqlalchemy as sa
 from langchain_core.messages import AIMessage, HumanMessage
 
+from benchmarks.stats import percentile
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.prompts import EN
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
@@ -93,13 +94,6 @@ def log(text: str) -> None:
 
 def ms(seconds: float) -> float:
     return seconds * 1000.0
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 # -- data ------------------------------------------------------------------------
@@ -391,15 +385,15 @@ def measure_scope(
     )
     return {
         "cold_ms": [ms(v) for v in cold],
-        "p50_ms": ms(pct(totals, 50)),
-        "p95_ms": ms(pct(totals, 95)),
+        "p50_ms": ms(percentile(totals, 50)),
+        "p95_ms": ms(percentile(totals, 95)),
         "mean_ms": ms(statistics.fmean(totals)),
         "queries": len(totals),
         "hits_per_query": hits / max(1, len(totals)),
-        "embed_p50_ms": ms(pct(embed, 50)),
-        "chroma_p50_ms": ms(pct(chroma, 50)),
-        "catalog_p50_ms": ms(pct(index_times, 50)),
-        "rest_p50_ms": ms(pct(rest, 50)) if rest else float("nan"),
+        "embed_p50_ms": ms(percentile(embed, 50)),
+        "chroma_p50_ms": ms(percentile(chroma, 50)),
+        "catalog_p50_ms": ms(percentile(index_times, 50)),
+        "rest_p50_ms": ms(percentile(rest, 50)) if rest else float("nan"),
     }
 
 
@@ -413,7 +407,7 @@ def search_row(label: str, setting: str, target_kind: str, m: dict[str, Any]) ->
         target, ok = "", None
     cold = m["cold_ms"]
     result = (
-        f"p50 {p50:.1f} / p95 {p95:.1f} ms; cold 1st query {statistics.median(cold):.0f} ms"
+        f"p50 {p50:.1f} / p95 {p95:.1f} ms; cold 1st query {percentile(cold, 50):.0f} ms"
         f" (max {max(cold):.0f})\n"
         f"  p50 parts: embed {m['embed_p50_ms']:.1f}, chroma {m['chroma_p50_ms']:.1f},"
         f" catalog check {m['catalog_p50_ms']:.1f}, BM25+fuse+docs {m['rest_p50_ms']:.1f}"
@@ -639,20 +633,20 @@ def bench_ingest(
             history.add_messages(messages)
             times.append(time.perf_counter() - start)
     depth = lm.queue.depth()
-    w50, wo50 = ms(pct(with_lm, 50)), ms(pct(without_lm, 50))
+    w50, wo50 = ms(percentile(with_lm, 50)), ms(percentile(without_lm, 50))
     out.append(
         Row(
             "ingest: add_messages write side",
             f"{turns:,} x [Human, AI], alternating with/without long_memory, SQLite",
             f"p50 {w50:.2f} ms with long_memory, {wo50:.2f} ms without (+{w50 - wo50:.2f} ms);"
-            f" p95 {ms(pct(with_lm, 95)):.2f} / {ms(pct(without_lm, 95)):.2f} ms",
+            f" p95 {ms(percentile(with_lm, 95)):.2f} / {ms(percentile(without_lm, 95)):.2f} ms",
             f"<= +{TARGET_WRITE_OVERHEAD_MS:g} ms",
             verdict(w50 - wo50 <= TARGET_WRITE_OVERHEAD_MS),
             {
                 "with_p50_ms": w50,
                 "without_p50_ms": wo50,
-                "with_p95_ms": ms(pct(with_lm, 95)),
-                "without_p95_ms": ms(pct(without_lm, 95)),
+                "with_p95_ms": ms(percentile(with_lm, 95)),
+                "without_p95_ms": ms(percentile(without_lm, 95)),
                 "jobs_queued": depth,
             },
         )
@@ -738,7 +732,8 @@ def bench_ingest(
             "ingest: worker running during writes",
             f"{setting}; start_worker=True, flush() at the end",
             f"{rate:,.0f} turns/s ({wall:.1f} s wall; writes done at {written:.1f} s;"
-            f" add_messages p50 {ms(pct(writes, 50)):.2f} / p95 {ms(pct(writes, 95)):.2f} ms)",
+            f" add_messages p50 {ms(percentile(writes, 50)):.2f}"
+            f" / p95 {ms(percentile(writes, 95)):.2f} ms)",
             f">= {TARGET_TURNS_PER_S:g} turns/s",
             verdict(rate >= TARGET_TURNS_PER_S),
             {
@@ -747,8 +742,8 @@ def bench_ingest(
                 "writes_s": written,
                 "turns_per_s": rate,
                 "memories": count_memories(lm),
-                "write_p50_ms": ms(pct(writes, 50)),
-                "write_p95_ms": ms(pct(writes, 95)),
+                "write_p50_ms": ms(percentile(writes, 50)),
+                "write_p95_ms": ms(percentile(writes, 95)),
             },
         )
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -99,8 +100,8 @@ def detect_llm(*, timeout: float = 0.5) -> tuple[BaseChatModel | None, str]:
     if models is None:
         reasons.append(f"no Ollama answering at {host}")
     else:
-        model = os.environ.get("TIERED_MEMORY_OLLAMA_MODEL") or (models[0] if models else None)
-        if model is None:
+        chosen = os.environ.get("TIERED_MEMORY_OLLAMA_MODEL") or (models[0] if models else None)
+        if chosen is None:
             reasons.append(f"the Ollama at {host} has no model pulled")
         else:
             try:
@@ -111,7 +112,7 @@ def detect_llm(*, timeout: float = 0.5) -> tuple[BaseChatModel | None, str]:
                     "(pip install 'langchain-tiered-memory[ollama]')"
                 )
             else:
-                return ChatOllama(model=model, base_url=host), f"Ollama {model} at {host}"
+                return ChatOllama(model=chosen, base_url=host), f"Ollama {chosen} at {host}"
     return None, "no LLM found: " + "; ".join(reasons)
 
 
@@ -167,7 +168,11 @@ class ScriptedChatModel(BaseChatModel):
         return "scripted"
 
     def _generate(
-        self, messages: list[BaseMessage], stop: list[str] | None = None, **kwargs: Any
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
     ) -> ChatResult:
         question = next((_text(m) for m in reversed(messages) if isinstance(m, HumanMessage)), "")
         question = _QUESTION.split(question)[-1]  # the v3 prompt: documents, then the question

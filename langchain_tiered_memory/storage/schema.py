@@ -43,25 +43,30 @@ logger = logging.getLogger(__name__)
 #: MySQL's (and MariaDB's) limit on the length of a table, index or constraint name.
 MAX_IDENTIFIER = 64
 
-_MYSQL = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mysql_engine": "InnoDB"}
+# Dialect keyword arguments of ``Table`` (typed ``**kw: Any`` by SQLAlchemy).
+_MYSQL: dict[str, Any] = {
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mysql_engine": "InnoDB",
+}
 # Ids are never reused on SQLite either: cursors and caches rely on them growing.
-_GROWING = {"sqlite_autoincrement": True}
+_GROWING: dict[str, Any] = {"sqlite_autoincrement": True}
 
 
-def _id() -> Any:
+def _id() -> BigInteger:
     # SQLite only autoincrements an INTEGER PRIMARY KEY.
     return BigInteger().with_variant(Integer, "sqlite")
 
 
-def _long_text() -> Any:
+def _long_text() -> Text:
     return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
-def _timestamp() -> Any:
+def _timestamp() -> DateTime:
     return DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 
-def _ident() -> Any:
+def _ident() -> String:
     return String(255)
 
 

@@ -12,7 +12,7 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from langchain_core.messages import BaseMessage
 
@@ -147,6 +147,9 @@ def resolve_token_counter(
         )
         raise TypeError(msg)
     params = list(inspect.signature(token_counter).parameters.values())
+    # The annotation tells which of the two callables it is; mypy cannot follow that.
     if params and params[0].annotation in (BaseMessage, "BaseMessage"):
-        return lambda messages: sum(token_counter(m) for m in messages)
-    return lambda messages: token_counter(list(messages))
+        per_message = cast(Callable[[BaseMessage], int], token_counter)
+        return lambda messages: sum(per_message(m) for m in messages)
+    per_list = cast(Callable[[list[BaseMessage]], int], token_counter)
+    return lambda messages: per_list(list(messages))

@@ -164,7 +164,7 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
             msg = f"message {index} comes before tool calls {sorted(open_calls)} were answered"
             raise ValueError(msg)
         if isinstance(message, AIMessage):
-            open_calls = {call["id"] for call in message.tool_calls if call.get("id")}
+            open_calls = {call_id for call in message.tool_calls if (call_id := call["id"])}
 
 
 class ContextCompressor(Runnable[Any, list[BaseMessage]]):
@@ -258,7 +258,6 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         if self.measure(messages) <= self.compress_threshold:
             return messages
         language = self.language or ("zh" if cjk_share(_sample(messages)) > 0.2 else "en")
-        head = [m for m in messages if isinstance(m, SystemMessage) and not _is_summary(m)]
         head_end = 0
         while head_end < len(messages) and isinstance(messages[head_end], SystemMessage):
             head_end += 1
