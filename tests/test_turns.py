@@ -89,14 +89,21 @@ def test_archives_and_window_give_the_same_turns(
     for archive in (backup, files):
         archive.add_messages(name, messages[:3])  # turns split across writes, too
         archive.add_messages(name, messages[3:])
-    for turns in range(1, len(messages) + 2):
+    every = range(1, len(messages) + 2)
+
+    async def atails() -> list[list[BaseMessage]]:
+        try:
+            return [await backup.atail(name, turns) for turns in every]
+        finally:
+            await backup.adispose()
+
+    for turns, atail in zip(every, asyncio.run(atails()), strict=True):
         want = expected_tail(messages, turns)
         assert contents(backup.tail(name, turns)) == want, turns
-        assert contents(asyncio.run(backup.atail(name, turns))) == want, turns
+        assert contents(atail) == want, turns
         assert contents(files.tail(name, turns)) == want, turns
         # The window over the archive's tail is the window over the whole session.
         assert window(backup.tail(name, turns), turns) == window(messages, turns), turns
-    asyncio.run(backup.adispose())
 
 
 def test_a_run_of_human_messages_is_one_turn(backup: MySQLBackup, tmp_path: Path) -> None:
