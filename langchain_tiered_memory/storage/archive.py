@@ -3,6 +3,11 @@
 The archive is the source of truth; every other tier is derived from it. Statements
 are built once by small query builders and run by either a sync or an async driver,
 so the sync and async methods share all of their logic.
+
+The archive names no tier: a write runs the enqueue plans of the tiers it is
+given (:class:`~langchain_tiered_memory.storage.base.EnqueuePlanner`) in its own
+transaction, and a forget runs the erasers the tiers registered
+(:meth:`MySQLBackup.register_tier`).
 """
 
 from __future__ import annotations

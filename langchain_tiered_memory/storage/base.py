@@ -140,6 +140,8 @@ class Archive(Protocol):
 
     Sessions belong to the user of their first write; every method taking a
     ``user_id`` refuses another user's session with ``SessionOwnershipError``.
+    The background tiers need more than this (a job queue, plans, forget
+    registration): they take a :class:`~langchain_tiered_memory.MySQLBackup`.
     """
 
     def add_messages(
