@@ -348,7 +348,7 @@ def archive_rows(backup: MySQLBackup) -> list[Row]:
     def plan() -> Any:
         result = yield select(t).order_by(t.c.id)
         rows = result.all()
-        messages = yield from backup._load_plan(rows)
+        messages = yield from backup.load_plan(rows)
         return [
             Row(r.id, r.session_id, r.user_id, r.role, m.content, m)
             for r, m in zip(rows, messages, strict=True)

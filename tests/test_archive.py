@@ -269,8 +269,8 @@ def test_history_and_tail_refuse_bad_numbers(backup: MySQLBackup) -> None:
     for turns in (10**20, 0, -1):
         with pytest.raises(ValueError, match="turns"):
             backup.tail("n", turns)
-    with pytest.raises(ValueError, match="consolidate_after"):
-        backup.add_messages("n", [HumanMessage("lost")], consolidate_after=10**20)
+    with pytest.raises(TypeError, match="jobs must hold job kinds or enqueue planners"):
+        backup.add_messages("n", [HumanMessage("lost")], jobs=[10**20])
     # The edges themselves work.
     assert len(backup.history("n", before_id=2**63 - 1, limit=10**9)) == 11
     assert len(backup.history("n", before_id=last)) == 10

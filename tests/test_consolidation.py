@@ -385,12 +385,12 @@ def test_the_job_is_queued_in_the_same_transaction_as_the_messages(
     make_consolidator: Callable[..., MemoryConsolidator],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import langchain_tiered_memory.storage.archive as archive_module
+    import langchain_tiered_memory.tiers.consolidation as consolidation_module
 
     consolidator = make_consolidator(FakeLLM())
     history = TieredChatMessageHistory("tx", backup=backup, consolidator=consolidator)
     history.add_messages(chat(1, 100))
-    original = archive_module.backlog_enqueue_plan
+    original = consolidation_module.backlog_enqueue_plan
 
     def enqueue_then_fail(*args: Any, **kwargs: Any) -> Any:
         queued = yield from original(*args, **kwargs)
@@ -398,7 +398,7 @@ def test_the_job_is_queued_in_the_same_transaction_as_the_messages(
         msg = "the transaction dies after the job was queued"
         raise RuntimeError(msg)  # ... and is rolled back with the messages
 
-    monkeypatch.setattr(archive_module, "backlog_enqueue_plan", enqueue_then_fail)
+    monkeypatch.setattr(consolidation_module, "backlog_enqueue_plan", enqueue_then_fail)
     with pytest.raises(RuntimeError, match="dies after"):
         history.add_messages(chat(101, 101))
     assert len(message_ids(backup, "tx")) == 100

@@ -60,7 +60,10 @@ def test_window_with_odd_message_counts(backup: MySQLBackup) -> None:
     history.add_messages([AIMessage("a1"), AIMessage("a1 continued")])
     history.add_messages([HumanMessage("q2")])
     history.add_messages([HumanMessage("q3"), AIMessage("a3")])
-    assert contents(history.messages) == ["q2", "q3", "a3"]
+    # q2 and q3 came before one answer: one turn (core.turns), so two turns reach q1.
+    assert contents(history.messages) == ["q1", "a1", "a1 continued", "q2", "q3", "a3"]
+    history.add_messages([HumanMessage("q4"), AIMessage("a4")])
+    assert contents(history.messages) == ["q2", "q3", "a3", "q4", "a4"]
 
 
 def test_window_never_orphans_a_tool_message(backup: MySQLBackup) -> None:

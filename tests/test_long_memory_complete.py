@@ -20,6 +20,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.storage.jobs import TurnJobs
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings, MultilingualE5Embeddings
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -257,7 +258,7 @@ def test_idle_seconds_is_checked(make_memory: MakeMemory, value: Any, error: typ
 
 def test_archive_idle_seconds_is_checked(backup: MySQLBackup) -> None:
     with pytest.raises(ValueError, match="idle_seconds"):
-        backup.add_messages("s", [HumanMessage("x")], jobs=["extract"], idle_seconds=float("nan"))
+        backup.add_messages("s", [HumanMessage("x")], jobs=[TurnJobs("extract", float("nan"))])
     assert backup.get_messages("s") == []
 
 

@@ -40,6 +40,7 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
 )
 from langchain_tiered_memory.core.validation import safe_filename
+from langchain_tiered_memory.storage.jobs import TurnJobs
 
 from .fakes import HOSTILE, replies, turn
 
@@ -566,7 +567,7 @@ def test_requesting_background_jobs_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no job queue"):
         files.add_messages("s", turn(1), jobs=["extract"])
     with pytest.raises(ValueError, match="no job queue"):
-        files.add_messages("s", turn(1), consolidate_after=100)
+        files.add_messages("s", turn(1), jobs=[TurnJobs("consolidate")])
 
     # A history whose tiers would queue jobs on this archive.
     tier = SimpleNamespace(backup=files, threshold=100, notify=lambda: None)

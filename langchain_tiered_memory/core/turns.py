@@ -64,7 +64,7 @@ def split_turns(
     """
     roles = roles_of(messages)
     starts = turn_starts(roles)
-    bounds = zip(starts, [*starts[1:], len(messages)], strict=True)
+    bounds = zip(starts, [*starts[1:], len(messages)][: len(starts)], strict=True)
     return [
         list(messages[start:end])
         for start, end in bounds

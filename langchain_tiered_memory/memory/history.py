@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
@@ -18,21 +18,34 @@ from langchain_tiered_memory.core.validation import (
     validate_optional_id,
 )
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup
+from langchain_tiered_memory.storage.base import Archive, EnqueuePlanner
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
 from langchain_tiered_memory.tiers.window import select_window
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.storage.session_files import SessionFileArchive
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 
+class QueuedTier(EnqueuePlanner, Protocol):
+    """A tier fed by the history's writes: it plans its jobs, then is woken up."""
+
+    @property
+    def backup(self) -> MySQLBackup:
+        """The archive whose job queue the tier works from."""
+        ...
+
+    def notify(self) -> None:
+        """Wake the tier's worker: new jobs may be queued."""
+        ...
+
+
 def resolve_backup(
-    backup: MySQLBackup | SessionFileArchive | str | None,
+    backup: Archive | str | None,
     long_memory: ChromaLongMemory | None,
     consolidator: MemoryConsolidator | None,
     owner: str,
-) -> MySQLBackup | SessionFileArchive:
+) -> Archive:
     """The archive an entry point uses; the tiers must share it (their job queue lives there).
 
     A URL string becomes a ``MySQLBackup`` once; ``None`` means the tiers' archive or
@@ -43,11 +56,15 @@ def resolve_backup(
     """
     if isinstance(backup, str):
         backup = MySQLBackup(backup)
+    tiers: dict[str, QueuedTier] = {
+        name: tier
+        for name, tier in (("long_memory", long_memory), ("consolidator", consolidator))
+        if tier is not None
+    }
     if backup is None:
-        tier = long_memory if long_memory is not None else consolidator
-        backup = tier.backup if tier is not None else default_backup()
-    for name, tier in (("long_memory", long_memory), ("consolidator", consolidator)):
-        if tier is not None and tier.backup is not backup:
+        backup = next(iter(tiers.values())).backup if tiers else default_backup()
+    for name, tier in tiers.items():
+        if tier.backup is not backup:
             msg = (
                 f"{name} must use the {owner}'s archive (its job queue lives there): "
                 "pass the same backup= to both"
@@ -129,7 +146,7 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         session_id: str,
         *,
         user_id: str | None = None,
-        backup: MySQLBackup | SessionFileArchive | str | None = None,
+        backup: Archive | str | None = None,
         long_memory: ChromaLongMemory | None = None,
         consolidator: MemoryConsolidator | None = None,
         window_turns: int = 10,
@@ -141,6 +158,10 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         self.backup = resolve_backup(backup, long_memory, consolidator, "history")
         self.long_memory = long_memory
         self.consolidator = consolidator
+        #: The tiers each write feeds, in the order their jobs are queued.
+        self.tiers: list[QueuedTier] = [
+            tier for tier in (long_memory, consolidator) if tier is not None
+        ]
         self.window_turns = check_int("window_turns", window_turns)
         self.window_max_tokens = check_optional_int("window_max_tokens", window_max_tokens)
         self._count_tokens = resolve_token_counter(token_counter)
@@ -162,13 +183,16 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         """The window, oldest first."""
-        tail = self.backup.tail(self.session_id, self.window_turns, user_id=self.user_id)
-        return self._window(tail)
+        return self._window(self.backup.tail(**self._tail))
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async read of the window, oldest first."""
-        tail = await self.backup.atail(self.session_id, self.window_turns, user_id=self.user_id)
-        return self._window(tail)
+        return self._window(await self.backup.atail(**self._tail))
+
+    @property
+    def _tail(self) -> dict[str, Any]:
+        """The archive's arguments for the window's read."""
+        return {"session_id": self.session_id, "turns": self.window_turns, "user_id": self.user_id}
 
     def check_owner(self, *, write: bool = False) -> None:
         """Raise if this history's user may not use its session (see the class docs).
@@ -200,47 +224,26 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             ArchiveUnavailableError: If the archive cannot be reached.
 
         """
-        batch = validate_messages(messages)
-        self.backup.add_messages(
-            self.session_id,
-            batch,
-            user_id=self.user_id,
-            jobs=self._jobs(batch),
-            consolidate_after=self._consolidate_after,
-            idle_seconds=self._idle_seconds,
-        )
+        self.backup.add_messages(**self._write(messages))
         self._notify()
 
     async def aadd_messages(self, messages: Iterable[BaseMessage]) -> None:
         """Async :meth:`add_messages`."""
-        batch = validate_messages(messages)
-        await self.backup.aadd_messages(
-            self.session_id,
-            batch,
-            user_id=self.user_id,
-            jobs=self._jobs(batch),
-            consolidate_after=self._consolidate_after,
-            idle_seconds=self._idle_seconds,
-        )
+        await self.backup.aadd_messages(**self._write(messages))
         self._notify()
 
-    def _jobs(self, messages: Sequence[BaseMessage]) -> list[str]:
-        # Every turn is extracted: the archive queues one job per turn of the
-        # batch, and a last turn still waiting for its answer waits idle_seconds.
-        return ["extract"] if self.long_memory is not None and messages else []
-
-    @property
-    def _idle_seconds(self) -> float:
-        return float(getattr(self.long_memory, "idle_seconds", 0.0))
-
-    @property
-    def _consolidate_after(self) -> int | None:
-        return self.consolidator.threshold if self.consolidator is not None else None
+    def _write(self, messages: Iterable[BaseMessage]) -> dict[str, Any]:
+        """The archive's arguments for a write (each tier plans its own jobs)."""
+        return {
+            "session_id": self.session_id,
+            "messages": validate_messages(messages),
+            "user_id": self.user_id,
+            "jobs": self.tiers,
+        }
 
     def _notify(self) -> None:
-        for tier in (self.long_memory, self.consolidator):
-            if tier is not None:
-                tier.notify()
+        for tier in self.tiers:
+            tier.notify()
 
     @property
     def consolidated_memory(self) -> str:

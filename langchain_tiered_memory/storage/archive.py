@@ -3,6 +3,11 @@
 The archive is the source of truth; every other tier is derived from it. Statements
 are built once by small query builders and run by either a sync or an async driver,
 so the sync and async methods share all of their logic.
+
+The archive names no tier: a write runs the enqueue plans of the tiers it is
+given (:class:`~langchain_tiered_memory.storage.base.EnqueuePlanner`) in its own
+transaction, and a forget runs the erasers the tiers registered
+(:meth:`MySQLBackup.register_tier`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from sqlalchemy import (
     literal,
     select,
     union_all,
-    update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -45,25 +49,27 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_number,
-    check_optional_int,
-    check_seconds,
     validate_batch,
     validate_id,
     validate_optional_id,
     validate_page,
 )
-from langchain_tiered_memory.storage.base import Plan, adrive, drive, utcnow
-from langchain_tiered_memory.storage.jobs import (
-    DELAYED,
-    backlog_enqueue_plan,
-    enqueue_statement,
+from langchain_tiered_memory.storage.base import (
+    ArchivedMessage,
+    EnqueuePlanner,
+    Plan,
+    SessionInfo,
+    WrittenBatch,
+    adrive,
+    drive,
+    utcnow,
 )
+from langchain_tiered_memory.storage.jobs import TurnJobs
 from langchain_tiered_memory.storage.schema import (
-    Tables,
     build_tables,
     ensure_columns,
     max_table_name_length,
@@ -92,8 +98,9 @@ MAX_TIMEOUT = 24 * 3600.0
 #: Query parameters whose values are never shown: ``?password=``, ``?passwd=``,
 #: ``?ssl_key=``, ``?token=``...
 _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.IGNORECASE)
-#: Messages looked at to tell whether a batch continues the turn a delayed job waits on.
-SETTLE_SCAN = 500
+#: Rows of (id, role) read per step while :meth:`MySQLBackup.tail` looks for where its
+#: turns start (the first step reads fewer, the later ones more).
+TAIL_SCAN = 4096
 
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
 
@@ -220,29 +227,6 @@ class SessionOwnershipError(PermissionError):
         else:
             msg = f"session {session_id!r} does not belong to user {user_id!r}"
         super().__init__(msg)
-
-
-@dataclass(frozen=True)
-class ArchivedMessage:
-    """One archived message with its bookkeeping columns."""
-
-    id: int
-    session_id: str
-    user_id: str | None
-    role: str
-    message: BaseMessage
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """A session in the archive: how many messages and when it was active."""
-
-    session_id: str
-    user_id: str | None
-    message_count: int
-    first_at: datetime
-    last_active: datetime
 
 
 def default_home() -> Path:
@@ -478,7 +462,7 @@ class MySQLBackup:
         row = result.first()
         return (True, row.user_id) if row is not None else (False, None)
 
-    def _owner_check_plan(
+    def owner_check_plan(
         self, session_id: str, user_id: str | None, write: bool = False
     ) -> Plan[None]:
         """Refuse ``user_id`` a session that is not theirs.
@@ -538,9 +522,7 @@ class MySQLBackup:
         session_id: str,
         messages: Sequence[BaseMessage],
         user_id: str | None,
-        jobs: Sequence[str] = (),
-        consolidate_after: int | None = None,
-        idle_seconds: float = 0.0,
+        planners: Sequence[EnqueuePlanner] = (),
     ) -> Plan[list[int]]:
         yield from self._bind_owner_plan(session_id, user_id)
         now = utcnow()
@@ -559,29 +541,18 @@ class MySQLBackup:
             for seq, piece in enumerate(pieces[1:], start=1):
                 yield insert(self.parts_table).values(message_id=message_id, seq=seq, data=piece)
             ids.append(message_id)
-        for kind in jobs if ids else ():
-            if kind != "extract":
-                yield enqueue_statement(self.tables.jobs, kind, session_id, user_id, ids[-1], now)
-                continue
-            # A turn an earlier batch left open is now continued (this batch's first
-            # job covers it) or closed by a new turn (its delayed job runs now).
-            yield from _settle_plan(self.tables, session_id, messages[0], ids[0], now)
-            # One extraction per turn of the batch, not only the last one; the last
-            # turn waits idle_seconds for its answer if it is still open.
-            for end in _turn_ends(messages):
-                is_open = end == len(messages) - 1 and not _answered(messages[end])
-                delay = idle_seconds if is_open else 0.0
-                yield enqueue_statement(
-                    self.tables.jobs, kind, session_id, user_id, ids[end], now, delay
-                )
-        if consolidate_after is not None and ids:
-            yield from backlog_enqueue_plan(
-                self.tables, "consolidate", session_id, user_id, ids[-1], consolidate_after, now
-            )
+        if ids and planners:
+            # In this transaction: a job is never lost while its messages are kept.
+            batch = WrittenBatch(self.tables, session_id, user_id, messages, ids, now)
+            for planner in planners:
+                yield from planner.enqueue_plan(batch)
         return ids
 
-    def _load_plan(self, rows: Sequence[Any]) -> Plan[list[BaseMessage]]:
-        """Decode rows of (id, message, parts), fetching the pieces of large ones."""
+    def load_plan(self, rows: Sequence[Any]) -> Plan[list[BaseMessage]]:
+        """Decode rows of ``(id, message, parts)``, fetching the pieces of large ones.
+
+        For the tiers' own plans that read messages from the archive's tables.
+        """
         extra: dict[int, list[str]] = {}
         chunked = [row.id for row in rows if row.parts]
         if chunked:
@@ -598,45 +569,65 @@ class MySQLBackup:
     def _tail_plan(
         self, session_id: str, turns: int, user_id: str | None = None
     ) -> Plan[list[BaseMessage]]:
-        yield from self._owner_check_plan(session_id, user_id)
-        # Two steps, so that MySQL can range-scan (session_id, id) from the start.
+        yield from self.owner_check_plan(session_id, user_id)
+        first = yield from self._tail_start_plan(session_id, turns)
         t = self.table
-        start = yield (
-            select(t.c.id)
-            .where(t.c.session_id == session_id, t.c.role == "human")
-            .order_by(t.c.id.desc())
-            .limit(1)
-            .offset(turns - 1)
-        )
-        first = start.scalar() or 0
         result = yield (
             select(t.c.id, t.c.message, t.c.parts)
             .where(t.c.session_id == session_id, t.c.id >= first)
             .order_by(t.c.id)
         )
-        return (yield from self._load_plan(result.all()))
+        return (yield from self.load_plan(result.all()))
+
+    def _tail_start_plan(self, session_id: str, turns: int) -> Plan[int]:
+        """The id where the last ``turns`` turns start (0: the whole session).
+
+        Reads only ids and roles, newest first, in growing steps, until ``turns``
+        turn starts are certain (:func:`~langchain_tiered_memory.core.turns.turn_starts`):
+        the oldest row read may continue a run of human messages, so it is never
+        counted until an older row is known.
+        """
+        t = self.table
+        ids: list[int] = []
+        roles: list[str] = []
+        step = min(TAIL_SCAN, 2 * turns + 8)
+        while True:
+            query = select(t.c.id, t.c.role).where(t.c.session_id == session_id)
+            if ids:
+                query = query.where(t.c.id < ids[0])
+            result = yield query.order_by(t.c.id.desc()).limit(step)
+            rows = result.all()[::-1]
+            ids[:0] = [row.id for row in rows]
+            roles[:0] = [row.role for row in rows]
+            if len(rows) < step:  # the session's first message is read
+                starts = turn_starts(roles)
+                return ids[starts[-turns]] if len(starts) >= turns else 0
+            starts = [start for start in turn_starts(roles) if start > 0]
+            if len(starts) >= turns:
+                return ids[starts[-turns]]
+            step = min(TAIL_SCAN, step * 4)
 
     def _all_plan(self, session_id: str, user_id: str | None = None) -> Plan[list[BaseMessage]]:
-        yield from self._owner_check_plan(session_id, user_id)
+        yield from self.owner_check_plan(session_id, user_id)
         t = self.table
         result = yield (
             select(t.c.id, t.c.message, t.c.parts)
             .where(t.c.session_id == session_id)
             .order_by(t.c.id)
         )
-        return (yield from self._load_plan(result.all()))
+        return (yield from self.load_plan(result.all()))
 
     def _history_plan(
         self, session_id: str, before_id: int | None, limit: int, user_id: str | None = None
     ) -> Plan[list[ArchivedMessage]]:
-        yield from self._owner_check_plan(session_id, user_id)
+        yield from self.owner_check_plan(session_id, user_id)
         t = self.table
         query = select(t).where(t.c.session_id == session_id)
         if before_id is not None:
             query = query.where(t.c.id < before_id)
         result = yield query.order_by(t.c.id.desc()).limit(limit)
         rows = list(reversed(result.all()))
-        messages = yield from self._load_plan(rows)
+        messages = yield from self.load_plan(rows)
         return [
             ArchivedMessage(
                 id=row.id,
@@ -752,9 +743,7 @@ class MySQLBackup:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
-        jobs: Sequence[str] = (),
-        consolidate_after: int | None = None,
-        idle_seconds: float = 0.0,
+        jobs: Sequence[str | EnqueuePlanner] = (),
     ) -> list[int]:
         """Archive a batch of messages in one transaction.
 
@@ -767,15 +756,11 @@ class MySQLBackup:
             messages: The messages, in order.
             user_id: The user who owns the session (``None``: a session without
                 a user).
-            jobs: Kinds of background jobs (``"extract"``, ``"consolidate"``) to
-                queue, in the same transaction, for the batch's last message
-                (``"extract"``: for the last message of each of its turns).
-            consolidate_after: Also queue a ``consolidate`` job when the session
-                has more than this many messages not yet consolidated.
-            idle_seconds: For ``"extract"``: when the batch leaves its last turn
-                open (it ends with a human or tool message, or an AI message that
-                calls tools), that turn's job waits this long for the answer; the
-                answer's own job then replaces it. ``0`` queues it runnable at once.
+            jobs: What to queue in the same transaction: the tiers (or any
+                :class:`~langchain_tiered_memory.storage.base.EnqueuePlanner`) whose
+                jobs this write feeds, each planning its own; a job kind (a str) is
+                shorthand for :class:`~langchain_tiered_memory.storage.jobs.TurnJobs`
+                of that kind: one job per turn of the batch.
 
         Returns:
             The archive ids of the new rows, in order.
@@ -788,12 +773,8 @@ class MySQLBackup:
 
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
-        consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
-        idle_seconds = check_seconds("idle_seconds", idle_seconds, zero_ok=True)
-        return self.run(
-            self._add_plan(session_id, messages, user_id, jobs, consolidate_after, idle_seconds),
-            write=True,
-        )
+        plan = self._add_plan(session_id, messages, user_id, planners_of(jobs))
+        return self.run(plan, write=True)
 
     async def aadd_messages(
         self,
@@ -801,18 +782,12 @@ class MySQLBackup:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
-        jobs: Sequence[str] = (),
-        consolidate_after: int | None = None,
-        idle_seconds: float = 0.0,
+        jobs: Sequence[str | EnqueuePlanner] = (),
     ) -> list[int]:
         """Async :meth:`add_messages`."""
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
-        consolidate_after = check_optional_int("consolidate_after", consolidate_after, 0)
-        idle_seconds = check_seconds("idle_seconds", idle_seconds, zero_ok=True)
-        return await self.arun(
-            self._add_plan(session_id, messages, user_id, jobs, consolidate_after, idle_seconds),
-            write=True,
-        )
+        plan = self._add_plan(session_id, messages, user_id, planners_of(jobs))
+        return await self.arun(plan, write=True)
 
     def check_owner(self, session_id: str, user_id: str | None, *, write: bool = False) -> None:
         """Refuse ``user_id`` access to a session that is not theirs.
@@ -832,18 +807,22 @@ class MySQLBackup:
                 created without a user (or, with ``write``, to a user while
                 ``user_id`` is ``None``).
         """
-        plan = self._owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
+        plan = self.owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
         self.run(plan, read_only=True)
 
     async def acheck_owner(
         self, session_id: str, user_id: str | None, *, write: bool = False
     ) -> None:
         """Async :meth:`check_owner`."""
-        plan = self._owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
+        plan = self.owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
         await self.arun(plan, read_only=True)
 
     def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns (a turn starts at a human message).
+        """The messages of the last ``turns`` turns, oldest first.
+
+        Turns are those of :func:`~langchain_tiered_memory.core.turns.turn_starts`:
+        a run of human messages and what follows it; messages before the first
+        human message count as one turn.
 
         Raises:
             SessionOwnershipError: If ``user_id`` is given and the session is not
@@ -861,7 +840,7 @@ class MySQLBackup:
         plan = self._tail_plan(
             validate_id(session_id), check_int("turns", turns), validate_optional_id(user_id)
         )
-        return await self.arun(plan)
+        return await self.arun(plan, read_only=True)
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every archived message of a session, oldest first (``user_id``: as :meth:`tail`)."""
@@ -928,7 +907,7 @@ class MySQLBackup:
         return await self.arun(self._sessions_plan(validate_optional_id(user_id)))
 
     def _clear_plan(self, session_id: str, user_id: str | None) -> Plan[int]:
-        yield from self._owner_check_plan(session_id, user_id)
+        yield from self.owner_check_plan(session_id, user_id)
         return (yield from self._delete_plan(session_id, None))
 
     def clear(self, session_id: str, *, user_id: str | None = None) -> int:
@@ -1128,76 +1107,22 @@ def _eraser(record: TierRecord) -> ForgetHook:
     return factory(record.locator)
 
 
-def _turn_ends(messages: Sequence[BaseMessage]) -> list[int]:
-    """Indexes of the last message of each turn of a batch (the batch's last included).
+def planners_of(jobs: Sequence[str | EnqueuePlanner]) -> list[EnqueuePlanner]:
+    """The planners of ``add_messages(jobs=...)``: a job kind becomes :class:`TurnJobs`.
 
-    A turn is a run of human messages and what follows it, so a turn ends where a
-    message other than a human one is followed by a human message.
+    Raises:
+        TypeError: If an element is neither a str nor an ``EnqueuePlanner``.
     """
-    ends = [
-        i
-        for i, message in enumerate(messages[:-1])
-        if role_of(message) != "human" and role_of(messages[i + 1]) == "human"
-    ]
-    return [*ends, len(messages) - 1]
-
-
-def _answered(message: BaseMessage) -> bool:
-    """Whether a turn ending with ``message`` is finished: an AI answer without tool calls."""
-    return role_of(message) == "ai" and not getattr(message, "tool_calls", None)
-
-
-def _settle_plan(
-    tables: Tables, session_id: str, first: BaseMessage, first_id: int, now: datetime
-) -> Plan[None]:
-    """Resolve a session's delayed extract jobs once a batch is written.
-
-    The batch starts with ``first``, whose archive id is ``first_id``. A delayed
-    job waits for the answer to the turn ending at its message. If no turn starts
-    between that message and ``first`` (included), the batch continues that turn
-    and its first job extracts all of it: the delayed job is dropped. If a new
-    turn starts, the waiting turn is over: its job becomes runnable now.
-    """
-    j, t = tables.jobs, tables.messages
-    result = yield select(j.c.id, j.c.last_message_id).where(
-        j.c.session_id == session_id,
-        j.c.kind == "extract",
-        j.c.state == DELAYED,
-        j.c.last_message_id < first_id,
-    )
-    waiting = result.all()
-    if not waiting:
-        return
-    oldest = min(row.last_message_id for row in waiting)
-    result = yield (
-        select(t.c.id, t.c.role)
-        .where(t.c.session_id == session_id, t.c.id >= oldest, t.c.id < first_id)
-        .order_by(t.c.id)
-        .limit(SETTLE_SCAN + 1)
-    )
-    rows = result.all()
-    complete = len(rows) <= SETTLE_SCAN  # else the turns in between are not all known
-    roles = [row.role for row in rows] + [role_of(first)]
-    position = {row.id: index for index, row in enumerate(rows)}
-    last_start = max(
-        (i for i in range(1, len(roles)) if roles[i] == "human" and roles[i - 1] != "human"),
-        default=0,
-    )
-    continued, closed = [], []
-    for row in waiting:
-        at = position.get(row.last_message_id)
-        if complete and at is not None and last_start <= at:
-            continued.append(row.id)
+    planners: list[EnqueuePlanner] = []
+    for job in jobs:
+        if isinstance(job, str):
+            planners.append(TurnJobs(job))
+        elif isinstance(job, EnqueuePlanner):
+            planners.append(job)
         else:
-            closed.append(row.id)
-    if continued:
-        yield delete(j).where(j.c.id.in_(continued), j.c.state == DELAYED)
-    if closed:
-        yield (
-            update(j)
-            .where(j.c.id.in_(closed), j.c.state == DELAYED)
-            .values(state="pending", not_before=now)
-        )
+            msg = f"jobs must hold job kinds or enqueue planners, got {type(job).__name__}"
+            raise TypeError(msg)
+    return planners
 
 
 def scope_conditions(table: Any, session_id: str | None, user_id: str | None) -> list[Any]:

@@ -1,17 +1,28 @@
-"""What every storage module shares: plans, the clock, and the runner protocol.
+"""What every storage module shares: plans, the clock, and the seams to the tiers.
 
 A plan is a generator that yields SQLAlchemy statements and receives their
 results; a sync or an async driver runs it inside one transaction, so the sync and
 async methods of the archive and the job queue share all of their logic.
+
+The seams: :class:`Archive` is what the history and the entry points need of an
+archive (both :class:`~langchain_tiered_memory.MySQLBackup` and
+:class:`~langchain_tiered_memory.SessionFileArchive` implement it);
+:class:`EnqueuePlanner` is what a tier declares it queues on a write, so the
+archive runs the tiers' plans in its write transaction without naming any tier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from langchain_core.messages import BaseMessage
 from sqlalchemy.sql import Executable
+
+from langchain_tiered_memory.core.turns import roles_of
 
 if TYPE_CHECKING:
     from langchain_tiered_memory.storage.schema import Tables
@@ -56,4 +67,158 @@ class PlanRunner(Protocol):
 
     def run(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
         """Run ``plan`` in one transaction and return its result."""
+        ...
+
+
+@dataclass(frozen=True)
+class ArchivedMessage:
+    """One archived message with its bookkeeping columns."""
+
+    id: int
+    session_id: str
+    user_id: str | None
+    role: str
+    message: BaseMessage
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session in the archive: how many messages and when it was active."""
+
+    session_id: str
+    user_id: str | None
+    message_count: int
+    first_at: datetime
+    last_active: datetime
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    """A batch of messages the archive has just inserted, still inside its transaction.
+
+    What an :class:`EnqueuePlanner` is given to decide which jobs to queue.
+
+    Attributes:
+        tables: The archive's tables (the job queue among them).
+        session_id: The session written to.
+        user_id: The session's owner (``None``: no user).
+        messages: The batch, in order.
+        ids: The archive ids of ``messages``, in order.
+        now: The write's timestamp (naive UTC).
+    """
+
+    tables: Tables
+    session_id: str
+    user_id: str | None
+    messages: Sequence[BaseMessage]
+    ids: Sequence[int]
+    now: datetime
+
+    @cached_property
+    def roles(self) -> list[str]:
+        """The role of each message (:func:`~langchain_tiered_memory.core.turns.role_of`)."""
+        return roles_of(self.messages)
+
+
+@runtime_checkable
+class EnqueuePlanner(Protocol):
+    """A tier's declaration of the jobs a write queues for it.
+
+    The archive runs :meth:`enqueue_plan` inside the transaction that inserts the
+    messages, so a job can never be lost while its messages are kept.
+    """
+
+    def enqueue_plan(self, batch: WrittenBatch) -> Plan[Any]:
+        """The statements that queue this tier's jobs for ``batch``."""
+        ...
+
+
+@runtime_checkable
+class Archive(Protocol):
+    """What a chat history and the entry points need of an archive.
+
+    Sessions belong to the user of their first write; every method taking a
+    ``user_id`` refuses another user's session with ``SessionOwnershipError``.
+    The background tiers need more than this (a job queue, plans, forget
+    registration): they take a :class:`~langchain_tiered_memory.MySQLBackup`.
+    """
+
+    def add_messages(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+        jobs: Sequence[str | EnqueuePlanner] = (),
+    ) -> list[int]:
+        """Store a batch durably and queue ``jobs``' work with it; returns its ids."""
+        ...
+
+    async def aadd_messages(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+        jobs: Sequence[str | EnqueuePlanner] = (),
+    ) -> list[int]:
+        """Async :meth:`add_messages`."""
+        ...
+
+    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns, oldest first."""
+        ...
+
+    async def atail(
+        self, session_id: str, turns: int, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """Async :meth:`tail`."""
+        ...
+
+    def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
+        """Every message of a session, oldest first."""
+        ...
+
+    async def aget_messages(
+        self, session_id: str, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """Async :meth:`get_messages`."""
+        ...
+
+    def check_owner(self, session_id: str, user_id: str | None, *, write: bool = False) -> None:
+        """Raise ``SessionOwnershipError`` if the session is not ``user_id``'s."""
+        ...
+
+    async def acheck_owner(
+        self, session_id: str, user_id: str | None, *, write: bool = False
+    ) -> None:
+        """Async :meth:`check_owner`."""
+        ...
+
+    def history(
+        self,
+        session_id: str,
+        before_id: int | None = None,
+        limit: int = 50,
+        *,
+        user_id: str | None = None,
+    ) -> list[ArchivedMessage]:
+        """One page of a session, oldest first, with the archive's bookkeeping."""
+        ...
+
+    def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
+        """Sessions, most recently active first."""
+        ...
+
+    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """Delete a session's messages (it keeps its owner); returns how many."""
+        ...
+
+    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """Async :meth:`clear`."""
+        ...
+
+    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+        """Remove a session, a user, or one user's session; returns how many messages."""
         ...

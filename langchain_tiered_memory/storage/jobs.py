@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from langchain_core.messages import BaseMessage
 from sqlalchemy import Table, and_, delete, exists, false, func, insert, or_, select, update
 
+from langchain_tiered_memory.core.turns import role_of, turn_ends, turn_starts
 from langchain_tiered_memory.core.validation import check_int, check_seconds
-from langchain_tiered_memory.storage.base import Plan, PlanRunner, utcnow
+from langchain_tiered_memory.storage.base import Plan, PlanRunner, WrittenBatch, utcnow
 
 if TYPE_CHECKING:
     from langchain_tiered_memory.storage.schema import Tables
@@ -45,6 +47,8 @@ MAX_BACKOFF = 24 * 3600.0
 #: come): it is neither claimed nor holds up its session's later jobs until it is
 #: due (``not_before``) or made runnable by :meth:`JobQueue.make_ready`.
 DELAYED = "delayed"
+#: Messages looked at to tell whether a batch continues the turn a delayed job waits on.
+SETTLE_SCAN = 500
 T = TypeVar("T")
 
 
@@ -145,6 +149,100 @@ def backlog_enqueue_plan(
         return False
     yield enqueue_statement(j, kind, session_id, user_id, last_message_id, now)
     return True
+
+
+def answered(message: BaseMessage) -> bool:
+    """Whether a turn ending with ``message`` is finished: an AI answer without tool calls."""
+    return role_of(message) == "ai" and not getattr(message, "tool_calls", None)
+
+
+def settle_plan(kind: str, batch: WrittenBatch) -> Plan[None]:
+    """Resolve a session's delayed ``kind`` jobs once ``batch`` is written.
+
+    A delayed job waits for the answer to the turn ending at its message. If no
+    turn starts between that message and the batch's first one (included), the
+    batch continues that turn and its first job covers all of it: the delayed job
+    is dropped. If a new turn starts, the waiting turn is over: its job becomes
+    runnable now.
+    """
+    j, t = batch.tables.jobs, batch.tables.messages
+    first_id = batch.ids[0]
+    result = yield select(j.c.id, j.c.last_message_id).where(
+        j.c.session_id == batch.session_id,
+        j.c.kind == kind,
+        j.c.state == DELAYED,
+        j.c.last_message_id < first_id,
+    )
+    waiting = result.all()
+    if not waiting:
+        return
+    oldest = min(row.last_message_id for row in waiting)
+    result = yield (
+        select(t.c.id, t.c.role)
+        .where(t.c.session_id == batch.session_id, t.c.id >= oldest, t.c.id < first_id)
+        .order_by(t.c.id)
+        .limit(SETTLE_SCAN + 1)
+    )
+    rows = result.all()
+    complete = len(rows) <= SETTLE_SCAN  # else the turns in between are not all known
+    roles = [row.role for row in rows] + [batch.roles[0]]
+    position = {row.id: index for index, row in enumerate(rows)}
+    last_start = max((i for i in turn_starts(roles) if i > 0), default=0)
+    continued, closed = [], []
+    for row in waiting:
+        at = position.get(row.last_message_id)
+        if complete and at is not None and last_start <= at:
+            continued.append(row.id)
+        else:
+            closed.append(row.id)
+    if continued:
+        yield delete(j).where(j.c.id.in_(continued), j.c.state == DELAYED)
+    if closed:
+        yield (
+            update(j)
+            .where(j.c.id.in_(closed), j.c.state == DELAYED)
+            .values(state="pending", not_before=batch.now)
+        )
+
+
+@dataclass(frozen=True)
+class TurnJobs:
+    """Queue one ``kind`` job per turn of a written batch (an :class:`EnqueuePlanner`).
+
+    The job of a turn the batch leaves open (it ends with a human or tool message,
+    or an AI message that calls tools) waits ``idle_seconds`` for the answer: the
+    next batch either continues that turn (the waiting job is dropped, the new
+    one covers the whole turn) or starts a new one (the waiting job runs now).
+    ``idle_seconds=0`` queues it runnable at once.
+
+    Args:
+        kind: The job kind.
+        idle_seconds: How long an open turn's job waits for its answer.
+    """
+
+    kind: str
+    idle_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Checked here, so a bad value fails before anything is written.
+        seconds = check_seconds("idle_seconds", self.idle_seconds, zero_ok=True)
+        object.__setattr__(self, "idle_seconds", seconds)
+
+    def enqueue_plan(self, batch: WrittenBatch) -> Plan[None]:
+        """Settle the session's delayed jobs of this kind, then queue one per turn."""
+        yield from settle_plan(self.kind, batch)
+        last = len(batch.messages) - 1
+        for end in turn_ends(batch.roles):
+            is_open = end == last and not answered(batch.messages[end])
+            yield enqueue_statement(
+                batch.tables.jobs,
+                self.kind,
+                batch.session_id,
+                batch.user_id,
+                batch.ids[end],
+                batch.now,
+                self.idle_seconds if is_open else 0.0,
+            )
 
 
 def call_with_timeout(fn: Callable[[], T], timeout: float) -> T:

@@ -28,7 +28,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 
-from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
     check_int,
     safe_filename,
@@ -37,13 +37,13 @@ from langchain_tiered_memory.core.validation import (
     validate_optional_id,
     validate_page,
 )
-from langchain_tiered_memory.storage.archive import (
+from langchain_tiered_memory.storage.archive import SessionOwnershipError, default_home
+from langchain_tiered_memory.storage.base import (
     ArchivedMessage,
+    EnqueuePlanner,
     SessionInfo,
-    SessionOwnershipError,
-    default_home,
+    utcnow,
 )
-from langchain_tiered_memory.storage.base import utcnow
 
 #: The temporary files of :func:`atomic_write`: ``.{name}.{pid}.{thread id}.tmp``.
 TMP_FILE = re.compile(r"\..+\.\d+\.\d+\.tmp")
@@ -163,14 +163,11 @@ class SessionFileArchive:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
-        jobs: Sequence[str] = (),
-        consolidate_after: int | None = None,
-        idle_seconds: float = 0.0,
+        jobs: Sequence[str | EnqueuePlanner] = (),
     ) -> list[int]:
         """Append messages to the session's file; returns their 1-based positions.
 
-        ``idle_seconds`` is accepted for symmetry with ``MySQLBackup`` (it only
-        matters with jobs).
+        ``jobs`` is accepted for symmetry with ``MySQLBackup`` and must be empty.
 
         Raises:
             ValueError: If background jobs are requested (they need a database).
@@ -178,7 +175,7 @@ class SessionFileArchive:
                 none, or to one while ``user_id`` is ``None``); nothing is stored.
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)
-        if jobs or consolidate_after is not None:
+        if jobs:
             msg = "SessionFileArchive has no job queue: use MySQLBackup for those tiers"
             raise ValueError(msg)
         now = utcnow().isoformat()
@@ -238,19 +235,10 @@ class SessionFileArchive:
         messages: Sequence[BaseMessage],
         *,
         user_id: str | None = None,
-        jobs: Sequence[str] = (),
-        consolidate_after: int | None = None,
-        idle_seconds: float = 0.0,
+        jobs: Sequence[str | EnqueuePlanner] = (),
     ) -> list[int]:
         """:meth:`add_messages` (local file writes are not worth a thread hop)."""
-        return self.add_messages(
-            session_id,
-            messages,
-            user_id=user_id,
-            jobs=jobs,
-            consolidate_after=consolidate_after,
-            idle_seconds=idle_seconds,
-        )
+        return self.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every message of the session, oldest first (``user_id``: :meth:`check_owner`)."""
@@ -264,12 +252,16 @@ class SessionFileArchive:
         return self.get_messages(session_id, user_id=user_id)
 
     def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns (``user_id``: :meth:`check_owner`)."""
+        """The messages of the last ``turns`` turns (``user_id``: :meth:`check_owner`).
+
+        Turns are those of :func:`~langchain_tiered_memory.core.turns.turn_starts`,
+        as in :meth:`MySQLBackup.tail <langchain_tiered_memory.MySQLBackup.tail>`.
+        """
         turns = check_int("turns", turns)
         self.check_owner(session_id, user_id)
         stored = self._read(session_id)
-        humans = [i for i, item in enumerate(stored) if item["role"] == "human"]
-        start = humans[-turns] if len(humans) >= turns else 0
+        starts = turn_starts([item["role"] for item in stored])
+        start = starts[-turns] if len(starts) >= turns else 0
         return messages_from_dict([item["data"] for item in stored[start:]])
 
     async def atail(

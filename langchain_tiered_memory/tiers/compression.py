@@ -33,6 +33,8 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
+from langchain_tiered_memory.core.turns import roles_of
+from langchain_tiered_memory.core.turns import turn_starts as core_turn_starts
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
 
@@ -114,8 +116,9 @@ def _is_summary(message: BaseMessage) -> bool:
 
 
 def turn_starts(messages: Sequence[BaseMessage]) -> list[int]:
-    """Indexes of the human messages that open turns."""
-    return [i for i, m in enumerate(messages) if isinstance(m, HumanMessage)]
+    """Indexes of the human messages that open turns (:func:`core.turns.turn_starts`)."""
+    roles = roles_of(messages)
+    return [i for i in core_turn_starts(roles) if roles[i] == "human"]
 
 
 def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:

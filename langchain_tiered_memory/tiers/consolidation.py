@@ -57,11 +57,12 @@ from langchain_tiered_memory.storage.archive import (
     default_home,
     register_eraser,
 )
-from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.base import Plan, WrittenBatch, utcnow
 from langchain_tiered_memory.storage.jobs import (
     Job,
     JobQueue,
     QueueWorker,
+    backlog_enqueue_plan,
     backoff,
     call_with_timeout,
     held_by,
@@ -232,6 +233,24 @@ class MemoryConsolidator(QueueWorker):
     def __repr__(self) -> str:
         return f"MemoryConsolidator(root={str(self.root)!r}, backup={self.backup!r})"
 
+    # -- writing --------------------------------------------------------------
+
+    def enqueue_plan(self, batch: WrittenBatch) -> Plan[bool]:
+        """Queue a consolidation when the write takes the backlog past ``threshold``.
+
+        The archive runs it in the write's transaction (see
+        :class:`~langchain_tiered_memory.storage.base.EnqueuePlanner`).
+        """
+        return backlog_enqueue_plan(
+            batch.tables,
+            "consolidate",
+            batch.session_id,
+            batch.user_id,
+            batch.ids[-1],
+            self.threshold,
+            batch.now,
+        )
+
     # -- reading --------------------------------------------------------------
 
     def folder(self, session_id: str) -> Path:
@@ -254,7 +273,7 @@ class MemoryConsolidator(QueueWorker):
         user_id = validate_optional_id(user_id)
 
         def plan() -> Plan[str]:
-            yield from self.backup._owner_check_plan(session_id, user_id)
+            yield from self.backup.owner_check_plan(session_id, user_id)
             result = yield select(c.memory_md).where(c.session_id == session_id)
             return result.scalar() or ""
 
@@ -293,7 +312,7 @@ class MemoryConsolidator(QueueWorker):
             .limit(self.batch)
         )
         rows = result.all()
-        messages = yield from self.backup._load_plan(rows)
+        messages = yield from self.backup.load_plan(rows)
         return cursor, memory, rows, messages
 
     def _format(self, messages: Sequence[BaseMessage], prompts: Prompts) -> str:
@@ -463,8 +482,6 @@ class MemoryConsolidator(QueueWorker):
         entry: str,
         raw: bool,
     ) -> Plan[bool]:
-        from langchain_tiered_memory.storage.jobs import backlog_enqueue_plan
-
         c, h, j = self.tables.consolidation, self.tables.history_log, self.tables.jobs
         now = utcnow()
         gone = yield delete(j).where(held_by(j, [job]))

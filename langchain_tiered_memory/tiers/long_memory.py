@@ -60,11 +60,12 @@ from langchain_tiered_memory.storage.archive import (
     register_eraser,
     scope_conditions,
 )
-from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.base import Plan, WrittenBatch, utcnow
 from langchain_tiered_memory.storage.jobs import (
     Job,
     JobQueue,
     QueueWorker,
+    TurnJobs,
     backoff,
     call_with_timeout,
     held_by,
@@ -566,6 +567,15 @@ class ChromaLongMemory(QueueWorker):
         if callable(warm_up):
             warm_up()
 
+    def enqueue_plan(self, batch: WrittenBatch) -> Plan[None]:
+        """Queue one extraction per turn of a write, in the write's transaction.
+
+        A last turn still open (no AI answer yet) waits ``idle_seconds`` for its
+        answer, then is extracted as it is (see
+        :class:`~langchain_tiered_memory.storage.jobs.TurnJobs`).
+        """
+        return TurnJobs("extract", self.idle_seconds).enqueue_plan(batch)
+
     def _turn_plan(self, job: Job) -> Plan[tuple[list[_Row], list[_Row]]]:
         """The job's turn and the turn before it (for context), oldest first.
 
@@ -595,7 +605,7 @@ class ChromaLongMemory(QueueWorker):
             .order_by(t.c.id)
         )
         rows = result.all()
-        messages = yield from self.backup._load_plan(rows)
+        messages = yield from self.backup.load_plan(rows)
         loaded = [_Row(r.id, m, r.created_at) for r, m in zip(rows, messages, strict=True)]
         return [r for r in loaded if r.id < current], [r for r in loaded if r.id >= current]
 

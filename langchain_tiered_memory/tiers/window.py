@@ -6,22 +6,10 @@ from collections.abc import Callable, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.turns import split_turns
 
-
-def split_turns(messages: Sequence[BaseMessage]) -> list[list[BaseMessage]]:
-    """Group messages into turns; a turn starts at a human message.
-
-    Messages before the first human message belong to no complete turn and are
-    dropped, so a window never starts with an AI, tool or system message.
-    """
-    turns: list[list[BaseMessage]] = []
-    for message in messages:
-        if role_of(message) == "human":
-            turns.append([message])
-        elif turns:
-            turns[-1].append(message)
-    return turns
+# split_turns lives in core.turns; it is re-exported here for its older importers.
+__all__ = ["drop_orphan_tool_messages", "select_window", "split_turns"]
 
 
 def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -45,6 +33,10 @@ def select_window(
     count_tokens: Callable[[Sequence[BaseMessage]], int],
 ) -> list[BaseMessage]:
     """The newest whole turns that fit both ``max_turns`` and ``max_tokens``.
+
+    Turns are those of :func:`~langchain_tiered_memory.core.turns.split_turns`;
+    messages before the first human message are dropped, so a window never
+    starts with an AI, tool or system message.
 
     Turns are dropped whole, oldest first. As with ``trim_messages``, the budget is
     a hard limit: if the newest turn alone is over it, the window is empty.

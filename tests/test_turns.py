@@ -1,0 +1,144 @@
+"""One definition of a turn: the archive's tail, the session files and the window agree."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from langchain_tiered_memory import MySQLBackup, SessionFileArchive
+from langchain_tiered_memory.core.turns import split_turns
+from langchain_tiered_memory.storage import archive as archive_module
+from langchain_tiered_memory.tiers.window import select_window
+
+
+def _call(n: int) -> list[BaseMessage]:
+    call_id = f"call-{n}"
+    return [
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": call_id}]),
+        ToolMessage(f"result {n}", tool_call_id=call_id),
+    ]
+
+
+CONVERSATIONS: dict[str, list[BaseMessage]] = {
+    "consecutive humans": [
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        HumanMessage("q2, more"),
+        HumanMessage("q2, still more"),
+        AIMessage("a2"),
+        HumanMessage("q3"),
+        AIMessage("a3"),
+        HumanMessage("q4"),
+        HumanMessage("q4, more"),
+    ],
+    "leading ai and system": [
+        SystemMessage("be brief"),
+        AIMessage("welcome!"),
+        AIMessage("ask me anything"),
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        AIMessage("a2"),
+    ],
+    "tool messages": [
+        HumanMessage("q1"),
+        *_call(1),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        HumanMessage("q2, more"),
+        *_call(2),
+        *_call(3),
+        AIMessage("a2"),
+        HumanMessage("q3"),
+        *_call(4),
+    ],
+}
+
+
+def contents(messages: Sequence[BaseMessage]) -> list[str]:
+    return [str(message.content) for message in messages]
+
+
+def expected_tail(messages: Sequence[BaseMessage], turns: int) -> list[str]:
+    """The last ``turns`` turns by core.turns (the leading turn counts as one)."""
+    return contents([m for turn in split_turns(messages, keep_leading=True)[-turns:] for m in turn])
+
+
+def window(messages: Sequence[BaseMessage], turns: int) -> list[str]:
+    return contents(select_window(messages, max_turns=turns, max_tokens=None, count_tokens=len))
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_archives_and_window_give_the_same_turns(
+    name: str, backup: MySQLBackup, tmp_path: Path
+) -> None:
+    messages = CONVERSATIONS[name]
+    files = SessionFileArchive(tmp_path / "files")
+    for archive in (backup, files):
+        archive.add_messages(name, messages[:3])  # turns split across writes, too
+        archive.add_messages(name, messages[3:])
+    every = range(1, len(messages) + 2)
+
+    async def atails() -> list[list[BaseMessage]]:
+        try:
+            return [await backup.atail(name, turns) for turns in every]
+        finally:
+            await backup.adispose()
+
+    for turns, atail in zip(every, asyncio.run(atails()), strict=True):
+        want = expected_tail(messages, turns)
+        assert contents(backup.tail(name, turns)) == want, turns
+        assert contents(atail) == want, turns
+        assert contents(files.tail(name, turns)) == want, turns
+        # The window over the archive's tail is the window over the whole session.
+        assert window(backup.tail(name, turns), turns) == window(messages, turns), turns
+
+
+def test_a_run_of_human_messages_is_one_turn(backup: MySQLBackup, tmp_path: Path) -> None:
+    """Two questions before one answer are one turn, even over the archive's read steps."""
+    run = [HumanMessage(f"part {i}") for i in range(60)]  # longer than the first step
+    messages = [HumanMessage("q1"), AIMessage("a1"), *run, AIMessage("a2"), HumanMessage("q3")]
+    files = SessionFileArchive(tmp_path)
+    for archive in (backup, files):
+        archive.add_messages("run", messages)
+        assert contents(archive.tail("run", 1)) == ["q3"]
+        assert contents(archive.tail("run", 2)) == contents([*run, AIMessage("a2"), messages[-1]])
+        assert contents(archive.tail("run", 3)) == contents(messages)
+    assert window(backup.tail("run", 2), 2) == contents([*run, AIMessage("a2"), messages[-1]])
+
+
+def test_random_sessions_agree_with_core_turns(
+    backup: MySQLBackup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random role sequences, with a small read step so that tails span many steps."""
+    monkeypatch.setattr(archive_module, "TAIL_SCAN", 5)
+    files = SessionFileArchive(tmp_path)
+    rng = random.Random(12)
+    makers = {
+        "h": lambda i: HumanMessage(f"h{i}"),
+        "a": lambda i: AIMessage(f"a{i}"),
+        "s": lambda i: SystemMessage(f"s{i}"),
+        "t": lambda i: ToolMessage(f"t{i}", tool_call_id=f"c{i}"),
+    }
+    for number in range(25):
+        roles = rng.choices("hhhaats", k=rng.randint(1, 40))
+        messages = [makers[role](i) for i, role in enumerate(roles)]
+        session = f"r{number}"
+        backup.add_messages(session, messages)
+        files.add_messages(session, messages)
+        for turns in (1, 2, 3, 5, 8, 50):
+            want = expected_tail(messages, turns)
+            assert contents(backup.tail(session, turns)) == want, (roles, turns)
+            assert contents(files.tail(session, turns)) == want, (roles, turns)
