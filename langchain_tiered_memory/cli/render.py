@@ -27,7 +27,7 @@ def out() -> Console:
 
 def message_text(message: BaseMessage) -> str:
     """A message's text, with its tool calls, or the size of a tool result."""
-    content = message.text if isinstance(message.text, str) else str(message.content)
+    content = str(message.text) if isinstance(message.text, str) else str(message.content)
     if isinstance(message, AIMessage) and message.tool_calls:
         calls = "; ".join(
             f"-> {call['name']}({json.dumps(call['args'], ensure_ascii=False)})"
