@@ -27,7 +27,9 @@ from langchain_core.messages import (
 from sqlalchemy import make_url
 from typer.testing import CliRunner
 
-from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory, cli
+from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.cli import store as cli_store
+from langchain_tiered_memory.cli.app import app
 from langchain_tiered_memory.cli.llms import ScriptedChatModel, detect_llm, ollama_url
 from langchain_tiered_memory.core.prompts import PROMPTS
 
@@ -54,7 +56,7 @@ def home(_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at the terminal width
     # Retrieval quality is not under test here: the fast deterministic embedding.
-    monkeypatch.setattr(cli, "make_embedding", HashEmbeddings)
+    monkeypatch.setattr(cli_store, "make_embedding", HashEmbeddings)
     return _home
 
 
@@ -122,7 +124,7 @@ def seeded(home: Path) -> Iterator[MySQLBackup]:
 
 
 def invoke(*args: str, input: str | None = None) -> Any:
-    result = CliRunner().invoke(cli.app, list(args), input=input)
+    result = CliRunner().invoke(app, list(args), input=input)
     assert "Traceback" not in result.output, result.output
     return result
 
@@ -336,7 +338,7 @@ def test_bad_session_ids_are_one_line(seeded: MySQLBackup, session_id: str, mess
 
 def test_unreachable_mysql_is_one_line(home: Path) -> None:
     for command in (["sessions"], ["stats"], ["show", "s1"], ["forget", "s1", "--yes"]):
-        line = fails(*command, "--url", UNREACHABLE_MYSQL)
+        line = fails("--url", UNREACHABLE_MYSQL, *command)
         assert "archive mysql+pymysql://root@127.0.0.1:1/test failed" in line
 
 
@@ -348,12 +350,12 @@ def test_environment_selects_the_archive(
     monkeypatch.delenv("TIERED_MEMORY_MYSQL_URL")
     monkeypatch.setenv("TIERED_MEMORY_HOME", str(tmp_path / "elsewhere"))
     assert "no archive at" in fails("sessions")
-    assert "ar-1" in ok("sessions", "--home", str(home))
+    assert "ar-1" in ok("--home", str(home), "sessions")
 
 
 def test_other_errors_are_one_line(seeded: MySQLBackup) -> None:
-    assert "Could not parse SQLAlchemy URL" in fails("stats", "--url", "not a url")
-    assert "--chroma-host ':9' names no host" in fails("search", "ar-1", "q", "--chroma-host", ":9")
+    assert "Could not parse SQLAlchemy URL" in fails("--url", "not a url", "stats")
+    assert "--chroma-host ':9' names no host" in fails("--chroma-host", ":9", "search", "ar-1", "q")
     usage = invoke("search", "ar-1", "q", "--scope", "everyone")
     assert usage.exit_code == 2  # typer's own usage error
     assert "Traceback" not in usage.output
@@ -363,11 +365,11 @@ def test_unreachable_chroma_server(seeded: MySQLBackup) -> None:
     port = _free_port()
     # Search keeps answering from the archive's memory catalog (the reliability
     # contract); rebuilding the collection needs the server: one line, exit 1.
-    found = ok("search", "ar-1", "overdue", "--chroma-host", f"127.0.0.1:{port}")
+    found = ok("--chroma-host", f"127.0.0.1:{port}", "search", "ar-1", "overdue")
     assert "An AR invoice is overdue" in found
-    line = fails("reindex", "--chroma-host", f"127.0.0.1:{port}")
+    line = fails("--chroma-host", f"127.0.0.1:{port}", "reindex")
     assert f"127.0.0.1:{port}" in line
-    stats = ok("stats", "--chroma-host", f"http://127.0.0.1:{port}")  # the rest still counts
+    stats = ok("--chroma-host", f"http://127.0.0.1:{port}", "stats")  # the rest still counts
     assert "│ archive │ messages │ 14 │" in " ".join(stats.split())
 
 
@@ -392,15 +394,15 @@ def test_commands_on_a_mysql_archive(
         memory.flush(timeout=30)
         memory.close()
         where = ["--url", MYSQL_URL, "--table", table_name, "--collection", collection_name]
-        assert cells(ok("sessions", *where), "m-1")[1:4] == ["dora", "2", "1"]
-        text = " ".join(ok("stats", *where).split())
+        assert cells(ok(*where, "sessions"), "m-1")[1:4] == ["dora", "2", "1"]
+        text = " ".join(ok(*where, "stats").split())
         assert "│ archive │ messages │ 2 │" in text
         assert re.search(
             r"│ storage │ archive tables \(data \+ indexes\) │ [\d.,]+ (KB|MB) │", text
         )
-        assert "逾期规则" in ok("export", "m-1", "--format", "jsonl", *where)
-        assert "逾期规则" in ok("search", "m-1", "逾期", *where)
-        ok("forget", "m-1", "--yes", *where)
+        assert "逾期规则" in ok(*where, "export", "m-1", "--format", "jsonl")
+        assert "逾期规则" in ok(*where, "search", "m-1", "逾期")
+        ok(*where, "forget", "m-1", "--yes")
         assert backup.get_messages("m-1") == []
         assert catalog(backup) == []
     finally:
@@ -420,12 +422,12 @@ def test_a_password_in_the_url_query_never_shows(
         for key in ("password", "passwd"):
             url = f"{base.render_as_string()}?{key}={password}"
             where = ["--url", url, "--table", table_name]
-            assert "hello" in ok("show", "pw-1", *where)  # the password works
+            assert "hello" in ok(*where, "show", "pw-1")  # the password works
             for command in (["stats"], ["sessions"], ["show", "nobody"]):  # name the archive
-                result = invoke(*command, *where)
+                result = invoke(*where, *command)
                 assert password not in result.output, command
                 assert f"{user}:***@" in result.output, command
-            wrong = fails("stats", "--url", f"{base.render_as_string()}?{key}=Wrong{password}")
+            wrong = fails("--url", f"{base.render_as_string()}?{key}=Wrong{password}", "stats")
             assert "Access denied" in wrong
             assert password not in wrong
             assert "Wrong" not in wrong
@@ -435,7 +437,7 @@ def test_a_password_in_the_url_query_never_shows(
 
 def test_debug_variable_shows_the_traceback(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIERED_MEMORY_DEBUG", "1")
-    result = CliRunner().invoke(cli.app, ["sessions", "--url", UNREACHABLE_MYSQL])
+    result = CliRunner().invoke(app, ["--url", UNREACHABLE_MYSQL, "sessions"])
     assert result.exit_code == 1
     assert type(result.exception).__name__ == "ArchiveUnavailableError"
 
@@ -450,7 +452,7 @@ def test_console_script(home: Path) -> None:
     assert help_run.returncode == 0, help_run.stderr
     assert "sessions" in help_run.stdout and "demo" in help_run.stdout
     error_run = subprocess.run(
-        [str(script), "show", "s1", "--url", UNREACHABLE_MYSQL],
+        [str(script), "--url", UNREACHABLE_MYSQL, "show", "s1"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -479,12 +481,12 @@ def test_demo_in_a_given_home_keeps_it(home: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OLLAMA_HOST", f"127.0.0.1:{_free_port()}")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     target = home.parent / "demo-home"
-    first = ok("demo", "--home", str(target))
+    first = ok("--home", str(target), "demo")
     for section in SECTIONS:
         assert section in first
     assert "raw-turn extractor and a scripted model" in first
-    ok("demo", "--home", str(target))  # a second run adds sessions of its own
-    sessions = ok("sessions", "--home", str(target), "--user", "alice")
+    ok("--home", str(target), "demo")  # a second run adds sessions of its own
+    sessions = ok("--home", str(target), "sessions", "--user", "alice")
     assert len(re.findall(r"alice-ar-[0-9a-f]{6}", sessions)) == 2
     assert (target / "archive.sqlite3").exists()
     assert list((target / "memory").glob("alice-ar-*/MEMORY.md"))

@@ -28,17 +28,9 @@ from rich.panel import Panel
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import select
 
-from langchain_tiered_memory.cli.app import (
-    Store,
-    _all_history,
-    _message_text,
-    _print_memories,
-    _shorten,
-    _stamp,
-)
-from langchain_tiered_memory.storage.base import Plan
+from langchain_tiered_memory.cli.render import message_text, print_memories, shorten, stamp
+from langchain_tiered_memory.cli.store import Store, all_history
 from langchain_tiered_memory.text.tokens import estimate_tokens
 
 if TYPE_CHECKING:
@@ -294,7 +286,7 @@ class Demo:
         self, session_id: str, history: Any, new: list[BaseMessage]
     ) -> tuple[list[BaseMessage], list[Document]]:
         """The prompt of one call: system, memories, window and question."""
-        question = _message_text(new[0])
+        question = message_text(new[0])
         memories = self.long_memory.search(
             question, session_id=session_id, user_id=DEMO_USER, scope="user", k=3
         )
@@ -330,7 +322,7 @@ class Demo:
         if sent is not prompt and after < before:
             summary = next(
                 (
-                    _message_text(m)
+                    message_text(m)
                     for m in sent
                     if isinstance(m, SystemMessage) and m is not prompt[0]
                 ),
@@ -345,10 +337,10 @@ class Demo:
                 "yellow",
             )
         reply = self.llm.invoke(sent)
-        answer = reply if isinstance(reply, AIMessage) else AIMessage(_message_text(reply))
+        answer = reply if isinstance(reply, AIMessage) else AIMessage(message_text(reply))
         history.add_messages([*new, answer])
         label = "bot" if self.real else "bot (scripted)"
-        self.say(f"{label}> {_shorten(_message_text(answer), 600)}", "green")
+        self.say(f"{label}> {shorten(message_text(answer), 600)}", "green")
         return memories
 
     def play(self, index: int) -> tuple[str, Any]:
@@ -374,18 +366,18 @@ class Demo:
             f"{estimate_tokens(window):,} tokens"
         )
         for message in window:
-            self.say(f"  [{message.type}] {_shorten(_message_text(message), 110)}")
+            self.say(f"  [{message.type}] {shorten(message_text(message), 110)}")
 
     def show_archive(self, session_id: str) -> None:
         """Print a page of the session's archive."""
         self.section("The archive (every message, durable before add_messages returns)")
-        rows = _all_history(self.backup, session_id)
+        rows = all_history(self.backup, session_id)
         self.say(f"{self.backup!r}: {len(rows)} messages of {session_id}")
         grid = Table(show_header=True, box=None, pad_edge=False)
         for column in ("id", "role", "content"):
             grid.add_column(column, overflow="fold")
         for row in rows:
-            grid.add_row(str(row.id), row.role, Text(_shorten(_message_text(row.message), 100)))
+            grid.add_row(str(row.id), row.role, Text(shorten(message_text(row.message), 100)))
         self.console.print(grid)
 
     def show_compression(self) -> None:
@@ -427,15 +419,17 @@ class Demo:
         grid = Table(box=None, pad_edge=False)
         for column in ("session", "kind", "memory", "source ids"):
             grid.add_column(column, overflow="fold")
-        m = self.backup.tables.memories
-
-        def plan() -> Plan[list[Any]]:
-            result = yield select(m).where(m.c.session_id.in_(list(session_ids))).order_by(m.c.seq)
-            return result.all()
-
-        for row in self.backup.run(plan(), read_only=True):
+        # Chroma holds what the catalog holds; in the order the turns were played.
+        found = self.long_memory.collection.get(
+            where={"session_id": {"$in": list(session_ids)}}, include=["documents", "metadatas"]
+        )
+        rows = sorted(
+            zip(found["documents"], found["metadatas"], strict=True),
+            key=lambda row: (list(session_ids).index(row[1]["session_id"]), row[1]["turn_at"]),
+        )
+        for text, meta in rows:
             grid.add_row(
-                Text(row.session_id), row.kind, Text(_shorten(row.text, 110)), row.source_ids
+                Text(meta["session_id"]), meta["kind"], Text(shorten(text, 110)), meta["source_ids"]
             )
         self.console.print(grid)
 
@@ -467,7 +461,7 @@ class Demo:
         memories: list[Document] = []
         for number, turn in enumerate(turns, 1):
             memories = self.turn(session_id, history, number, turn)
-        _print_memories(
+        print_memories(
             memories, "recalled by the last question (scope=user: all of alice's sessions)", 160
         )
         if memories:
@@ -484,5 +478,5 @@ class Demo:
         for info in self.backup.sessions(user_id=DEMO_USER):
             self.say(
                 f"  {info.session_id}: {info.message_count} messages, "
-                f"last active {_stamp(info.last_active)}"
+                f"last active {stamp(info.last_active)}"
             )

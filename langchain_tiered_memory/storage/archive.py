@@ -1068,6 +1068,108 @@ class MySQLBackup:
             raise ForgetIncompleteError(session_id, user_id, sessions, unfinished)
         return removed
 
+    def _stats_plan(self, session_id: str | None) -> Plan[ArchiveStats]:
+        t = self.tables
+
+        def scope(table: Any) -> list[Any]:
+            return [] if session_id is None else [table.c.session_id == session_id]
+
+        m = t.messages
+        result = yield select(
+            func.count(),
+            func.count(func.distinct(m.c.session_id)),
+            func.count(func.distinct(m.c.user_id)),
+            func.min(m.c.created_at),
+            func.max(m.c.created_at),
+            func.max(m.c.user_id),
+        ).where(*scope(m))
+        messages, sessions, users, first_at, last_at, user_id = result.one()
+        parts = select(func.count()).select_from(t.parts)
+        if session_id is not None:
+            parts = parts.where(t.parts.c.message_id.in_(select(m.c.id).where(*scope(m))))
+        result = yield parts
+        part_count = result.scalar_one()
+        mem = t.memories
+        result = yield (
+            select(mem.c.kind, func.count(), func.max(mem.c.user_id))
+            .where(*scope(mem))
+            .group_by(mem.c.kind)
+        )
+        memories: dict[str, int] = {}
+        for kind, count, memory_user in result:
+            memories[kind] = int(count)
+            user_id = user_id or memory_user
+        j = t.jobs
+        result = yield (
+            select(
+                j.c.kind,
+                j.c.state,
+                func.count(),
+                func.coalesce(func.sum(j.c.attempts), 0),
+                func.min(j.c.created_at),
+            )
+            .where(*scope(j))
+            .group_by(j.c.kind, j.c.state)
+            .order_by(j.c.kind, j.c.state)
+        )
+        jobs = tuple(
+            JobCount(kind, state, int(n), int(tries), oldest)
+            for kind, state, n, tries, oldest in result
+        )
+        result = yield select(func.count()).select_from(j).where(j.c.attempts > 0, *scope(j))
+        retrying = result.scalar_one()
+        result = (
+            yield select(func.count()).select_from(t.consolidation).where(*scope(t.consolidation))
+        )
+        consolidated = result.scalar_one()
+        h = t.history_log
+        result = yield select(func.count(), func.coalesce(func.sum(h.c.raw), 0)).where(*scope(h))
+        batches, raw_batches = result.one()
+        table_bytes = None
+        if session_id is None and self.dialect in ("mysql", "mariadb"):
+            from sqlalchemy import bindparam, text  # only this statement needs them
+
+            names = [table.name for table in self.metadata.sorted_tables]
+            result = yield text(
+                "SELECT COALESCE(SUM(data_length + index_length), 0) "
+                "FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name IN :names"
+            ).bindparams(bindparam("names", value=names, expanding=True))
+            table_bytes = int(result.scalar() or 0)
+        return ArchiveStats(
+            messages=int(messages),
+            sessions=int(sessions),
+            users=int(users),
+            first_at=first_at,
+            last_at=last_at,
+            user_id=user_id,
+            parts=int(part_count),
+            memories=memories,
+            jobs=jobs,
+            retrying=int(retrying),
+            consolidated=int(consolidated),
+            history_batches=int(batches),
+            raw_batches=int(raw_batches),
+            table_bytes=table_bytes,
+        )
+
+    def stats(self, session_id: str | None = None) -> ArchiveStats:
+        """Counts of the archive and of the tiers' tables, for a report or a dashboard.
+
+        Args:
+            session_id: Count this session only; ``None`` counts everything.
+
+        Returns:
+            The counts; ``table_bytes`` only for the whole archive on MySQL.
+        """
+        plan = self._stats_plan(validate_optional_id(session_id, "session_id"))
+        return self.run(plan, read_only=True)
+
+    async def astats(self, session_id: str | None = None) -> ArchiveStats:
+        """Async :meth:`stats`."""
+        plan = self._stats_plan(validate_optional_id(session_id, "session_id"))
+        return await self.arun(plan, read_only=True)
+
     def dispose(self) -> None:
         """Close the sync engine's pooled connections."""
         self.engine.dispose()
@@ -1078,6 +1180,66 @@ class MySQLBackup:
             engine = self._async_engines.pop(asyncio.get_running_loop(), None)
         if engine is not None:
             await engine.dispose()
+
+
+@dataclass(frozen=True)
+class JobCount:
+    """Jobs of one kind in one state (see :meth:`MySQLBackup.stats`)."""
+
+    kind: str
+    state: str
+    count: int
+    attempts: int
+    oldest: datetime | None
+
+
+@dataclass(frozen=True)
+class ArchiveStats:
+    """What :meth:`MySQLBackup.stats` counts, for the whole archive or one session.
+
+    Attributes:
+        messages: Archived messages.
+        sessions: Sessions with archived messages.
+        users: Distinct users of those messages.
+        first_at: The first message's time (naive UTC), ``None`` if there is none.
+        last_at: The last message's time.
+        user_id: A user of the scope's messages, else of its memories (for one
+            session: its owner), ``None`` if none has one.
+        parts: Stored pieces of large messages.
+        memories: Long-term memories in the catalog, by kind.
+        jobs: The job queue by kind and state.
+        retrying: Jobs that failed at least once.
+        consolidated: Sessions with a MEMORY.md.
+        history_batches: HISTORY.md batches.
+        raw_batches: Those of them archived raw (the LLM failed).
+        table_bytes: Data and indexes of the archive's tables where the database
+            reports it (MySQL, whole archive), else ``None``.
+    """
+
+    messages: int
+    sessions: int
+    users: int
+    first_at: datetime | None
+    last_at: datetime | None
+    user_id: str | None
+    parts: int
+    memories: dict[str, int]
+    jobs: tuple[JobCount, ...]
+    retrying: int
+    consolidated: int
+    history_batches: int
+    raw_batches: int
+    table_bytes: int | None
+
+    @property
+    def memory_count(self) -> int:
+        """Long-term memories of every kind."""
+        return sum(self.memories.values())
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs not finished."""
+        return sum(job.count for job in self.jobs if job.state != "done")
 
 
 # -- helpers ------------------------------------------------------------------
