@@ -34,6 +34,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     MetaData,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -41,6 +42,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    text,
     union_all,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
@@ -684,8 +686,8 @@ class MySQLBackup:
         result = yield select(forgets.c.session_ids).where(
             *scope_conditions(forgets, session_id, user_id)
         )
-        for text in result.scalars():
-            found.update(json.loads(text))
+        for ids in result.scalars():
+            found.update(json.loads(ids))
         return sorted(found)
 
     def _record_tier_plan(self, record: TierRecord) -> Plan[None]:
@@ -1127,8 +1129,6 @@ class MySQLBackup:
         batches, raw_batches = result.one()
         table_bytes = None
         if session_id is None and self.dialect in ("mysql", "mariadb"):
-            from sqlalchemy import bindparam, text  # only this statement needs them
-
             names = [table.name for table in self.metadata.sorted_tables]
             result = yield text(
                 "SELECT COALESCE(SUM(data_length + index_length), 0) "
