@@ -29,7 +29,7 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, cast
 
 from langchain_core.documents import Document
 from langchain_core.messages import (
@@ -60,6 +60,11 @@ from langchain_tiered_memory.storage.archive import MySQLBackup, SessionOwnershi
 from langchain_tiered_memory.tiers.compression import ContextCompressor
 
 if TYPE_CHECKING:
+    from langchain_core.callbacks import (
+        AsyncCallbackManagerForChainRun,
+        CallbackManagerForChainRun,
+    )
+
     from langchain_tiered_memory.storage.session_files import SessionFileArchive
     from langchain_tiered_memory.text.tokens import TokenCounter
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
@@ -449,17 +454,32 @@ class TieredChain(Runnable[Any, AIMessage]):
         yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         return answer
 
-    def _invoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+    # The helpers below take ``run_manager`` to match langchain-core's typed
+    # signatures; the run's callbacks reach the model through ``config``.
+
+    def _invoke(
+        self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> AIMessage:
         return run(self._answer_plan(input, config, False))
 
-    async def _ainvoke(self, input: Any, config: RunnableConfig) -> AIMessage:
+    async def _ainvoke(
+        self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> AIMessage:
         return await arun(self._answer_plan(input, config, False))
 
-    def _stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AIMessageChunk]:
+    def _stream(
+        self,
+        inputs: Iterator[Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> Iterator[AIMessageChunk]:
         yield from run_stream(self._answer_plan(next(iter(inputs)), config, True))
 
     async def _astream(
-        self, inputs: AsyncIterator[Any], config: RunnableConfig
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
     ) -> AsyncIterator[AIMessageChunk]:
         plan = self._answer_plan(await anext(aiter(inputs)), config, True)
         async for chunk in arun_stream(plan):
@@ -479,7 +499,10 @@ class TieredChain(Runnable[Any, AIMessage]):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
         """Stream the answer; the turn is archived after the last chunk."""
-        yield from self._transform_stream_with_config(iter([input]), self._stream, config)
+        chunks = self._transform_stream_with_config(iter([input]), self._stream, config)
+        # langchain-core types the helper's output by the class's (AIMessage);
+        # it yields what ``_stream`` yields: chunks.
+        yield from cast("Iterator[AIMessageChunk]", chunks)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -489,7 +512,9 @@ class TieredChain(Runnable[Any, AIMessage]):
         async def single() -> AsyncIterator[Any]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(single(), self._astream, config):
+        chunks = self._atransform_stream_with_config(single(), self._astream, config)
+        # As in :meth:`stream`: the helper yields what ``_astream`` yields.
+        async for chunk in cast("AsyncIterator[AIMessageChunk]", chunks):
             yield chunk
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import reduce
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import (
@@ -45,6 +45,12 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_tiered_memory.core import steps
 from langchain_tiered_memory.core.prompts import prompts_for
 from langchain_tiered_memory.core.steps import Emit, StepPlan, arun, arun_stream, run, run_stream
+
+if TYPE_CHECKING:
+    from langchain_core.callbacks import (
+        AsyncCallbackManagerForChainRun,
+        CallbackManagerForChainRun,
+    )
 
 #: The ``response_metadata`` key of the mark left on every answer.
 MARK_KEY = "tiered_memory"
@@ -368,24 +374,43 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
             yield Emit(state.final())
         return stitch(parts)
 
+    # The helpers below take ``run_manager`` to match langchain-core's typed
+    # signatures; the run's callbacks reach the model through ``config``.
+
     def _invoke(
-        self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
+        self,
+        input: LanguageModelInput,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> AIMessage:
         return run(self._plan(_as_messages(input), config, False, **kwargs))
 
     async def _ainvoke(
-        self, input: LanguageModelInput, config: RunnableConfig, **kwargs: Any
+        self,
+        input: LanguageModelInput,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> AIMessage:
         return await arun(self._plan(_as_messages(input), config, False, **kwargs))
 
     def _stream(
-        self, inputs: Iterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
+        self,
+        inputs: Iterator[LanguageModelInput],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
         messages = _as_messages(next(iter(inputs)))
         yield from run_stream(self._plan(messages, config, True, **kwargs))
 
     async def _astream(
-        self, inputs: AsyncIterator[LanguageModelInput], config: RunnableConfig, **kwargs: Any
+        self,
+        inputs: AsyncIterator[LanguageModelInput],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         messages = _as_messages(await anext(aiter(inputs)))
         async for chunk in arun_stream(self._plan(messages, config, True, **kwargs)):
@@ -409,7 +434,10 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
         """Stream every part's chunks; the last chunk carries the finish reason and mark."""
-        yield from self._transform_stream_with_config(iter([input]), self._stream, config, **kwargs)
+        chunks = self._transform_stream_with_config(iter([input]), self._stream, config, **kwargs)
+        # langchain-core types the helper's output by the class's (AIMessage);
+        # it yields what ``_stream`` yields: chunks.
+        yield from cast("Iterator[AIMessageChunk]", chunks)
 
     async def astream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
@@ -419,7 +447,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         async def single() -> AsyncIterator[LanguageModelInput]:
             yield input
 
-        async for chunk in self._atransform_stream_with_config(
-            single(), self._astream, config, **kwargs
-        ):
+        chunks = self._atransform_stream_with_config(single(), self._astream, config, **kwargs)
+        # As in :meth:`stream`: the helper yields what ``_astream`` yields.
+        async for chunk in cast("AsyncIterator[AIMessageChunk]", chunks):
             yield chunk

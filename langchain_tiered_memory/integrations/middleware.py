@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, NotRequired
 
 from langchain.agents.middleware.types import (
     AgentMiddleware,
@@ -43,7 +43,8 @@ from langchain_tiered_memory.tiers.window import split_turns
 
 logger = logging.getLogger(__name__)
 
-ARCHIVED_KEY = "tiered_memory_archived"
+# Final, so that the TypedDict state is indexed by its literal key.
+ARCHIVED_KEY: Final = "tiered_memory_archived"
 MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (stateless re-sends)
 MAX_CACHED_COMPRESSORS = 32
 
@@ -87,12 +88,13 @@ def _merge_system(messages: Sequence[SystemMessage]) -> SystemMessage | None:
     first = messages[0]
     if len(messages) == 1:
         return first
-    rest = [m.content for m in messages[1:]]
-    if isinstance(first.content, str) and all(isinstance(c, str) for c in rest):
-        content: Any = "\n\n".join([first.content, *rest])
+    parts = [m.content for m in messages]
+    texts = [part for part in parts if isinstance(part, str)]
+    if len(texts) == len(parts):
+        content: Any = "\n\n".join(texts)
     else:  # content blocks (e.g. with cache control): keep them, append ours as blocks
         content = []
-        for part in [first.content, *rest]:
+        for part in parts:
             if isinstance(part, str):
                 content.append({"type": "text", "text": part})
             else:
@@ -375,7 +377,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         """The thread's messages not archived yet, and the ids of all of them."""
         messages = state["messages"]
         archived = set(state.get(ARCHIVED_KEY) or ())
-        fresh = [m for m in messages if (m.id is None or m.id not in archived) and _archivable(m)]
+        fresh: list[BaseMessage] = [
+            m for m in messages if (m.id is None or m.id not in archived) and _archivable(m)
+        ]
         return fresh, [m.id for m in messages if m.id is not None]
 
     @staticmethod
