@@ -56,7 +56,8 @@ from langchain_tiered_memory.core.validation import check_int
 from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory, resolve_backup
-from langchain_tiered_memory.storage.archive import MySQLBackup, SessionOwnershipError
+from langchain_tiered_memory.storage.archive import SessionOwnershipError
+from langchain_tiered_memory.storage.base import Archive
 from langchain_tiered_memory.tiers.compression import ContextCompressor
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
         CallbackManagerForChainRun,
     )
 
-    from langchain_tiered_memory.storage.session_files import SessionFileArchive
     from langchain_tiered_memory.text.tokens import TokenCounter
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -153,7 +153,7 @@ class ChainOptions(TypedDict, total=False):
             fails.
     """
 
-    backup: MySQLBackup | SessionFileArchive | str | None
+    backup: Archive | str | None
     long_memory: ChromaLongMemory | None
     knowledge: Runnable[str, Any] | KnowledgeBase | None
     consolidator: MemoryConsolidator | None

@@ -37,7 +37,7 @@ from langchain_tiered_memory.memory.history import (
     format_memory_context,
     resolve_backup,
 )
-from langchain_tiered_memory.storage.archive import MySQLBackup
+from langchain_tiered_memory.storage.base import Archive
 from langchain_tiered_memory.tiers.compression import ContextCompressor
 from langchain_tiered_memory.tiers.window import split_turns
 
@@ -49,7 +49,6 @@ MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (statele
 MAX_CACHED_COMPRESSORS = 32
 
 if TYPE_CHECKING:
-    from langchain_tiered_memory.storage.session_files import SessionFileArchive
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
@@ -184,7 +183,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     def __init__(
         self,
         *,
-        backup: MySQLBackup | SessionFileArchive | str | None = None,
+        backup: Archive | str | None = None,
         long_memory: ChromaLongMemory | None = None,
         consolidator: MemoryConsolidator | None = None,
         compressor: ContextCompressor | Literal[False] | None = None,

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote_plus
@@ -1043,6 +1044,9 @@ class MySQLBackup:
         unfinished: list[str] = []
         erased: set[str] = set()  # stores erased (or tried) by an in-process hook
 
+        def erase_recorded(record: TierRecord) -> None:
+            _eraser(record)(sessions, session_id, user_id)
+
         def attempt(what: str, erase: Callable[[], None]) -> None:
             try:
                 erase()
@@ -1056,13 +1060,10 @@ class MySQLBackup:
                 continue
             if key is not None:
                 erased.add(key)
-            attempt(what, lambda hook=hook: hook(sessions, session_id, user_id))
+            attempt(what, partial(hook, sessions, session_id, user_id))
         for record in self.tiers():
             if record.key not in erased:
-                attempt(
-                    str(record),
-                    lambda record=record: _eraser(record)(sessions, session_id, user_id),
-                )
+                attempt(str(record), partial(erase_recorded, record))
         removed = self.run(
             self._finish_forget_plan(session_id, user_id, sessions, unfinished), write=True
         )

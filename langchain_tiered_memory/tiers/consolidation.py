@@ -319,8 +319,8 @@ class MemoryConsolidator(QueueWorker):
         labels = prompts.consolidation_roles
         lines = []
         for message in messages:
-            text = message.text if isinstance(message.text, str) else str(message.content)
-            text = _SURROGATE.sub("\ufffd", " ".join(text.split()))
+            raw = message.text if isinstance(message.text, str) else str(message.content)
+            text = _SURROGATE.sub("\ufffd", " ".join(raw.split()))
             if len(text) > MESSAGE_CHARS:
                 text = text[:MESSAGE_CHARS] + "…"
             lines.append(f"{labels.get(role_of(message), role_of(message))}: {text}")

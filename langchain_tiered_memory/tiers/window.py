@@ -18,7 +18,7 @@ def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessa
     kept: list[BaseMessage] = []
     for message in messages:
         if isinstance(message, AIMessage):
-            called.update(call["id"] for call in message.tool_calls if call.get("id"))
+            called.update(call["id"] for call in message.tool_calls if call["id"])
         if isinstance(message, ToolMessage) and message.tool_call_id not in called:
             continue
         kept.append(message)
