@@ -184,6 +184,7 @@ class ChromaLongMemory(ExtractionWorker):
             raise TypeError(msg)
         if backup is None:
             backup = default_backup()
+        self.backup = backup
         self._client_args = (client, persist_directory, host, port)
         self._client: Any = None
         self._collection: Any = None
