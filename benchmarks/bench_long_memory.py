@@ -566,6 +566,26 @@ def bench_search(
                     target = "p95_40" if path == "Chroma HNSW" else ""
                     out.append(search_row("search worst case", setting, target, m))
                 lm.exact_limit = default_limit
+            for kind, lm in lms.items():
+                # Where the two paths cross: the same small user scopes through Chroma.
+                default_limit, lm.exact_limit = lm.exact_limit, 0
+                scopes = [{"user_id": u} for u in picked]
+                log(f"searching {size:,} / {kind} / scope=user / Chroma HNSW")
+                m = measure_scope(lm, scopes, "user", corpus.questions, args.warmup, args.queries)
+                m.update(
+                    size=size,
+                    archive=kind,
+                    scope="user",
+                    in_scope=size // USERS,
+                    dense="Chroma HNSW",
+                )
+                setting = (
+                    f"{kind}; scope=user, {size // USERS:,} in scope; "
+                    f"{len(scopes)} scopes x {args.queries // len(scopes)} queries; "
+                    "dense: Chroma HNSW (exact_limit=0)"
+                )
+                out.append(search_row(f"search {size:,}", setting, "", m))
+                lm.exact_limit = default_limit
         for lm in lms.values():
             lm.backup.dispose()
         del lms, client, collection
