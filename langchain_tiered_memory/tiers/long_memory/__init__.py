@@ -281,6 +281,9 @@ class ChromaLongMemory(ExtractionWorker):
         # A wrapped collection (e.g. one that times its calls in a benchmark).
         self._collection = value
 
+    # The CLI's one caller moves to make_chroma_client; until then this keeps it working.
+    _make_client = staticmethod(make_chroma_client)
+
     def __repr__(self) -> str:
         return f"ChromaLongMemory(collection={self._collection_name!r}, backup={self.backup!r})"
 

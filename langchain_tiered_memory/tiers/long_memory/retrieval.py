@@ -38,8 +38,10 @@ logger = logging.getLogger(__name__)
 Scope = Literal["session", "user"]
 #: Scopes of at most this many memories are searched exactly in process; larger
 #: ones ask the vector index. Measured with ``python -m benchmarks.bench_long_memory``
-#: (see the README's search table).
-EXACT_LIMIT = 2000
+#: (110k memories, embedded Chroma): a filtered HNSW query costs more than the exact
+#: dot products of a 10,000-memory scope (about 1 ms), so the index pays off by the
+#: memory it saves (a scope's float32 vectors, 30 MB at 20,000 x 384), not by speed.
+EXACT_LIMIT = 20_000
 #: Scope indexes kept in process (least recently searched dropped first).
 CACHED_SCOPES = 64
 #: Word overlap (Jaccard, numbers masked) from which two results count as near-duplicates.
