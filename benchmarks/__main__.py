@@ -264,6 +264,8 @@ def _long_memory_summary(payload: dict[str, Any]) -> list[Metric]:
         if measure.startswith("search") and "p50_ms" in data:
             p50, p95 = data["p50_ms"], data["p95_ms"]
             worst = " (one heavy user)" if measure == "search worst case" else ""
+            if "dense" in data:
+                worst += f", dense {data['dense']}"
             out.append(
                 Metric(
                     "bench_long_memory",

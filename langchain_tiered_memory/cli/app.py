@@ -54,6 +54,7 @@ from langchain_tiered_memory.storage.archive import (
     ArchiveUnavailableError,
     SessionOwnershipError,
 )
+from langchain_tiered_memory.tiers.long_memory import make_chroma_client
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -424,10 +425,8 @@ def _chroma_vectors(store: Store) -> str:
     server = store.chroma_server()
     if server is None and not store.chroma_path.exists():
         return "0 (no embedded Chroma store yet)"
-    from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
-
     try:
-        client = ChromaLongMemory._make_client(
+        client = make_chroma_client(
             None,
             None if server else store.chroma_path,
             server[0] if server else None,

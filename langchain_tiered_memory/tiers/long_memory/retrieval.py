@@ -1,0 +1,372 @@
+"""Search over one scope: CJK-aware BM25 fused with dense similarity, and a retriever.
+
+Small scopes are searched exactly, in process, from the vectors kept in the
+catalog. A scope larger than ``exact_limit`` asks the vector index (Chroma's HNSW,
+filtered by the scope) for its nearest memories instead, so its vectors are never
+loaded into the process. Either way every id is checked against the scope's
+catalog rows before it is shown: nothing leaks from another scope.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever
+
+from langchain_tiered_memory.core.validation import check_int, validate_id
+from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
+from langchain_tiered_memory.tiers.long_memory.catalog import (
+    Catalog,
+    context_ids,
+    from_bytes,
+    shown,
+)
+from langchain_tiered_memory.tiers.long_memory.vectors import VectorIndex
+
+logger = logging.getLogger(__name__)
+
+Scope = Literal["session", "user"]
+#: Scopes of at most this many memories are searched exactly in process; larger
+#: ones ask the vector index. Measured with ``python -m benchmarks.bench_long_memory``
+#: (110k memories, embedded Chroma): a filtered HNSW query costs more than the exact
+#: dot products of a 10,000-memory scope (about 1 ms), so the index pays off by the
+#: memory it saves (a scope's float32 vectors, 30 MB at 20,000 x 384), not by speed.
+EXACT_LIMIT = 20_000
+#: Scope indexes kept in process (least recently searched dropped first).
+CACHED_SCOPES = 64
+#: Word overlap (Jaccard, numbers masked) from which two results count as near-duplicates.
+NEAR_DUPLICATE = 0.6
+#: How many of the best results are compared for near-duplicates (pairwise).
+NEAR_POOL = 60
+#: Near-duplicates whose scores are within this share of each other count as tied:
+#: the newest goes first. A query naming one value (an invoice number, the old
+#: price) scores that memory further ahead, and it stays ahead.
+RECENCY_MARGIN = 0.1
+_LABEL = re.compile(r"^[^:\n]{1,40}: ", re.MULTILINE)
+
+
+@dataclass
+class ScopeIndex:
+    """A scope's cached BM25 index and rows (and vectors, when searched exactly)."""
+
+    version: tuple[int, int] = (0, 0)
+    exact: bool = True
+    bm25: BM25Index = field(default_factory=BM25Index)
+    rows: dict[str, Any] = field(default_factory=dict)
+    ids: list[str] = field(default_factory=list)
+    vectors: list[bytes | None] = field(default_factory=list)
+    _matrix: Any = None
+    _position: dict[str, int] = field(default_factory=dict)
+
+    def add(self, rows: Sequence[Any]) -> None:
+        """Index rows; a row already indexed (a turn that grew) replaces its old version."""
+        for row in rows:
+            vector = getattr(row, "vector", None) if self.exact else None
+            old = self.rows.get(row.id)
+            if old is None:
+                self._position[row.id] = len(self.ids)
+                self.ids.append(row.id)
+                self.vectors.append(vector)
+            else:
+                self.bm25.remove(row.id, shown(old))
+                self.vectors[self._position[row.id]] = vector
+            self.bm25.add(row.id, shown(row))
+            self.rows[row.id] = row
+        self._matrix = None
+
+    def matrix(self) -> Any:
+        """The scope's unit vectors as a float32 matrix; ``None`` if any is missing."""
+        if self._matrix is None and self.vectors:
+            present = [v for v in self.vectors if v is not None]
+            if len(present) == len(self.vectors):
+                self._matrix = unit_rows([from_bytes(v) for v in present])
+        return self._matrix
+
+
+@dataclass(frozen=True)
+class ResolvedScope:
+    """A validated scope: its SQL condition, cache key and metadata filter values."""
+
+    condition: Any
+    key: tuple[str, str]
+    session_id: str | None
+    user_id: str | None
+
+
+class MemorySearch:
+    """Searches the catalog's scopes: BM25 in process, dense exact or from the index.
+
+    Args:
+        catalog: The memory catalog.
+        vectors: The vector index asked for scopes above ``exact_limit``.
+        exact_limit: The scope size up to which dense search is exact, in process.
+    """
+
+    def __init__(self, catalog: Catalog, vectors: VectorIndex, exact_limit: int) -> None:
+        self.catalog = catalog
+        self.vectors = vectors
+        self.exact_limit = exact_limit
+        self._scopes: OrderedDict[tuple[str, str], ScopeIndex] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Drop every cached scope index."""
+        with self._lock:
+            self._scopes.clear()
+
+    def resolve(self, scope: str, session_id: str | None, user_id: str | None) -> ResolvedScope:
+        """Validate a scope (no unscoped search exists)."""
+        c = self.catalog.table.c
+        if scope == "session":
+            if session_id is None:
+                msg = "scope='session' needs a session_id"
+                raise ValueError(msg)
+            session_id = validate_id(session_id, "session_id")
+            condition = c.session_id == session_id
+            if user_id is not None:
+                user_id = validate_id(user_id, "user_id")
+                condition = condition & (c.user_id == user_id)
+            key = ("session", f"{session_id}\x1f{user_id or ''}")
+            return ResolvedScope(condition, key, session_id, user_id)
+        if scope == "user":
+            if user_id is None:
+                msg = "scope='user' needs a user_id"
+                raise ValueError(msg)
+            user_id = validate_id(user_id, "user_id")
+            return ResolvedScope(c.user_id == user_id, ("user", user_id), None, user_id)
+        msg = f"scope must be 'session' or 'user', got {scope!r}"
+        raise ValueError(msg)
+
+    def scope_index(self, resolved: ResolvedScope) -> ScopeIndex:
+        """The scope's index, brought up to date with the catalog."""
+        backup, condition = self.catalog.backup, resolved.condition
+        version = backup.run(self.catalog.version_plan(condition))
+        exact = version[0] <= self.exact_limit
+        with self._lock:
+            index = self._scopes.get(resolved.key)
+            if index is None or index.version != version:
+                # Rows past the cached seq are new memories or grown turns (a grown
+                # turn's row is re-inserted under a new seq, same id).
+                grows = index is not None and version[0] >= index.version[0]
+                if index is None or not grows or index.exact != exact:
+                    index = ScopeIndex(exact=exact)
+                rows = backup.run(
+                    self.catalog.rows_plan(condition, index.version[1], vectors=exact)
+                )
+                added = sum(1 for row in rows if row.id not in index.rows)
+                if index.version[0] + added != version[0]:  # deletions: rebuild
+                    index = ScopeIndex(exact=exact)
+                    rows = backup.run(self.catalog.rows_plan(condition, 0, vectors=exact))
+                index.add(rows)
+                index.version = version
+            self._scopes[resolved.key] = index
+            self._scopes.move_to_end(resolved.key)
+            while len(self._scopes) > CACHED_SCOPES:
+                self._scopes.popitem(last=False)
+            return index
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        user_id: str | None,
+        scope: Scope,
+        k: int,
+        embedding: Embeddings,
+        dense_weight: float,
+    ) -> list[tuple[Any, float]]:
+        """The ``k`` best ``(catalog row, score)`` pairs of a scope for ``query``."""
+        if not isinstance(query, str):
+            msg = f"query must be a str, got {type(query).__name__}"
+            raise TypeError(msg)
+        check_int("k", k)
+        resolved = self.resolve(scope, session_id, user_id)
+        index = self.scope_index(resolved)
+        if not index.rows:
+            return []
+        pool = max(6 * k, 60)
+        languages = getattr(embedding, "languages", None)
+        if cjk_share(query) > 0.3 and languages is not None and "zh" not in languages:
+            dense_weight = 0.0
+        dense: dict[str, float] = {}
+        lexical = dict(index.bm25.search(query, pool))
+        if dense_weight:
+            vector = embedding.embed_query(query)
+            dense = self.dense(index, resolved, vector, pool, lexical)
+        # A few more than k: a correction ranked just below the value it corrects
+        # moves up (see newer_first).
+        ranked = fuse(dense, lexical, dense_weight=dense_weight)[: k + max(k, 10)]
+        if not ranked:  # nothing matches at all: the newest memories
+            ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
+        ids = [doc_id for doc_id, _ in ranked]
+        rows = self.catalog.backup.run(
+            self.catalog.fresh_plan(ids, resolved.condition), read_only=True
+        )
+        found = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+        return newer_first(found, values(query))[:k]
+
+    def dense(
+        self,
+        index: ScopeIndex,
+        resolved: ResolvedScope,
+        vector: Sequence[float],
+        pool: int,
+        lexical: dict[str, float],
+    ) -> dict[str, float]:
+        """Cosine similarity of the best ``pool`` memories and of every lexical hit.
+
+        Exact, in process, for a scope within ``exact_limit`` whose vectors are all
+        in the catalog; otherwise the vector index's nearest, kept only if they are
+        the scope's own, plus the lexical hits' similarities from their catalog vectors.
+        """
+        matrix = index.matrix() if index.exact else None
+        if matrix is not None:
+            import numpy as np
+
+            query = unit_rows([vector])[0]
+            sims = matrix @ query
+            best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
+            dense = {index.ids[i]: float(sims[i]) for i in best}
+            position = index._position
+            dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
+            return dense
+        try:
+            hits = self.vectors.query(
+                vector, min(pool, len(index.rows)), resolved.session_id, resolved.user_id
+            )
+        except Exception as exc:  # the index is unreachable: answer from the lexical side
+            logger.warning("dense search unavailable (%s); using BM25 only", exc)
+            return {}
+        dense = {doc_id: score for doc_id, score in hits if doc_id in index.rows}
+        missing = [i for i in lexical if i not in dense]
+        if missing:
+            rows = self.catalog.backup.run(
+                self.catalog.fresh_plan(missing, resolved.condition), read_only=True
+            )
+            stored = [row for row in rows.values() if row.vector is not None]
+            if stored:
+                sims = (
+                    unit_rows([from_bytes(row.vector) for row in stored]) @ unit_rows([vector])[0]
+                )
+                dense.update((row.id, float(s)) for row, s in zip(stored, sims, strict=True))
+        return dense
+
+
+def document(row: Any, score: float) -> Document:
+    """A search result as a LangChain ``Document`` (its metadata: id, scope, provenance)."""
+    return Document(
+        page_content=shown(row),
+        id=row.id,
+        metadata={
+            "id": row.id,
+            "session_id": row.session_id,
+            "user_id": row.user_id,
+            "kind": row.kind,
+            "source_ids": json.loads(row.source_ids),
+            "context_ids": context_ids(row) or [],
+            "turn_at": row.turn_at.isoformat(),
+            "score": score,
+        },
+    )
+
+
+def unit_rows(vectors: Sequence[Any]) -> Any:
+    """Vectors as a float32 matrix of unit rows (a zero row stays zero)."""
+    import numpy as np
+
+    matrix = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms == 0, 1, norms)
+
+
+def skeleton(text: str) -> set[str]:
+    """A memory's words with every number masked: what stays when a value changes.
+
+    Line labels (``User:``, ``AI:``, speaker names) are left out: every raw turn has them.
+    """
+    words = tokenize(_LABEL.sub("", text))
+    return {"#" if any(ch.isdigit() for ch in token) else token for token in words}
+
+
+def values(text: str) -> frozenset[str]:
+    """The numbers and identifiers of a text (its tokens with a digit)."""
+    tokens = tokenize(_LABEL.sub("", text))
+    return frozenset(token for token in tokens if any(c.isdigit() for c in token))
+
+
+def newer_first(
+    results: Sequence[tuple[Any, float]], named: frozenset[str] = frozenset()
+) -> list[tuple[Any, float]]:
+    """Results where tied near-duplicates (the same words, other values) are newest first.
+
+    A group of near-duplicates keeps the places and scores its members earned; each
+    place goes to the newest member (by its newest source message) among those
+    scoring within :data:`RECENCY_MARGIN` of the best one left, so a correction
+    ("the price is now 1250") outranks the value it corrects. A group is left as
+    ranked when the query ``named`` a value that only some of its members hold:
+    asked about invoice 1234, the memory of invoice 1235 is no tie.
+    """
+    skeletons = [skeleton(row.text) for row, _ in results[:NEAR_POOL]]
+    group = list(range(len(skeletons)))
+    for i, a in enumerate(skeletons):
+        if group[i] != i or not a:
+            continue
+        for j in range(i + 1, len(skeletons)):
+            b = skeletons[j]
+            if group[j] == j and b and len(a & b) >= NEAR_DUPLICATE * len(a | b):
+                group[j] = i
+    ordered = list(results)
+    for leader in set(group):
+        members = [i for i, g in enumerate(group) if g == leader]
+        if len(members) < 2:
+            continue
+        if named and len({bool(named & values(results[i][0].text)) for i in members}) > 1:
+            continue
+        left = list(members)  # best first
+        for slot in members:
+            best = results[left[0]][1]
+            tied = [i for i in left if results[i][1] >= best - RECENCY_MARGIN * abs(best)]
+            pick = max(tied, key=lambda i: recency(results[i][0]))
+            left.remove(pick)
+            ordered[slot] = (results[pick][0], results[slot][1])
+    return ordered
+
+
+def recency(row: Any) -> tuple[int, int]:
+    """How new a memory is: its newest source message, then its catalog seq."""
+    return max(json.loads(row.source_ids), default=0), int(row.seq)
+
+
+class LongMemoryRetriever(BaseRetriever):
+    """A retriever over one scope of a :class:`ChromaLongMemory`.
+
+    ``k`` may also be passed per call: ``retriever.invoke(query, k=3)``.
+    """
+
+    long_memory: Any
+    session_id: str | None = None
+    user_id: str | None = None
+    scope: Scope = "session"
+    k: int = 10
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        return self.long_memory.search(
+            query,
+            session_id=self.session_id,
+            user_id=self.user_id,
+            scope=self.scope,
+            k=kwargs.get("k", self.k),
+        )

@@ -1,0 +1,186 @@
+"""Dense search through the vector index (above ``exact_limit``), and the VectorStore adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from langchain_tiered_memory import MySQLBackup
+from langchain_tiered_memory.tiers.long_memory import (
+    ChromaLongMemory,
+    ChromaVectorIndex,
+    VectorIndex,
+    VectorStoreIndex,
+    make_chroma_client,
+)
+
+from .fakes import HashEmbeddings
+from .long_memory_support import catalog, chroma_ids
+
+MakeMemory = Callable[..., ChromaLongMemory]
+
+TOPICS = ["invoice", "shipment", "payroll", "ledger", "audit", "budget", "supplier", "refund"]
+
+
+def fill(
+    backup: MySQLBackup, memory: ChromaLongMemory, session_id: str, user_id: str, n: int
+) -> None:
+    """``n`` turns of one session, each about a topic, with a value of its own."""
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        backup.add_messages(
+            session_id,
+            [
+                HumanMessage(f"{user_id} {topic} number {i} for {session_id} is {i * 37} euros"),
+                AIMessage(f"noted the {topic} {i}"),
+            ],
+            user_id=user_id,
+            jobs=["extract"],
+        )
+    memory.run_pending()
+
+
+class SpyIndex:
+    """Wraps a vector index; counts queries, and can answer with ids of any scope."""
+
+    def __init__(self, inner: VectorIndex, extra: Sequence[str] = ()) -> None:
+        self.inner = inner
+        self.extra = list(extra)
+        self.queries = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def query(
+        self, vector: Sequence[float], n: int, session_id: str | None, user_id: str | None
+    ) -> list[tuple[str, float]]:
+        self.queries += 1
+        # A hostile or buggy index: other scopes' ids, ranked first with a perfect score.
+        return [(i, 1.0) for i in self.extra] + self.inner.query(vector, n, session_id, user_id)
+
+
+def test_large_scope_asks_the_index_and_stays_in_its_scope(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(exact_limit=5)
+    fill(backup, memory, "a1", "alice", 12)
+    fill(backup, memory, "b1", "bob", 12)
+    fill(backup, memory, "a2", "alice", 3)
+    bob_ids = [row.id for row in catalog(backup, "b1")]
+    spy = SpyIndex(memory.searcher.vectors, extra=bob_ids)
+    memory.searcher.vectors = spy
+    for query in ("invoice number 3", "bob ledger", "refund euros"):
+        docs = memory.search(query, user_id="alice", scope="user", k=10)
+        assert docs
+        assert {d.metadata["user_id"] for d in docs} == {"alice"}
+        assert not {d.id for d in docs} & set(bob_ids)
+        docs = memory.search(query, session_id="a1", user_id="alice", k=10)
+        assert {d.metadata["session_id"] for d in docs} == {"a1"}
+    # The user scope (15) and session a1 (12) are above the limit: the index answered.
+    assert spy.queries == 6
+    # Session a2 (3 memories) is searched exactly, in process.
+    memory.search("invoice", session_id="a2", k=3)
+    assert spy.queries == 6
+
+
+def test_index_path_matches_the_exact_path(make_memory: MakeMemory, backup: MySQLBackup) -> None:
+    memory = make_memory(dense_weight=1.0)  # dense only: the two paths' own rankings
+    fill(backup, memory, "s1", "u", 40)
+    fill(backup, memory, "s2", "v", 40)
+    queries = [f"{topic} number {n}" for topic in TOPICS for n in (2, 9, 17)]
+
+    def top(limit: int) -> list[list[str]]:
+        memory.exact_limit = limit
+        return [[d.id for d in memory.search(q, user_id="u", scope="user", k=5)] for q in queries]
+
+    exact, indexed = top(10**6), top(0)
+    overlap = sum(len(set(a) & set(b)) for a, b in zip(exact, indexed, strict=True))
+    assert overlap / (5 * len(queries)) >= 0.9
+    assert sum(a[0] == b[0] for a, b in zip(exact, indexed, strict=True)) >= 0.9 * len(queries)
+
+
+def test_forget_removes_the_scope_from_chroma_and_the_index_path(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(exact_limit=0)
+    fill(backup, memory, "s1", "u", 6)
+    fill(backup, memory, "s2", "v", 6)
+    assert memory.search("invoice", user_id="u", scope="user")
+    memory.forget(user_id="u")
+    assert chroma_ids(memory.collection, {"user_id": "u"}) == []
+    assert memory.search("invoice", user_id="u", scope="user") == []
+    assert len(chroma_ids(memory.collection, {"user_id": "v"})) == 6
+    assert {d.metadata["user_id"] for d in memory.search("invoice", user_id="v", scope="user")} == {
+        "v"
+    }
+
+
+def test_chroma_vector_index_filters_by_scope(chroma_client: Any, collection_name: str) -> None:
+    assert make_chroma_client(chroma_client) is chroma_client
+    collection = chroma_client.get_or_create_collection(
+        collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+    )
+    index = ChromaVectorIndex(lambda: collection)
+    assert isinstance(index, VectorIndex)
+    index.upsert(
+        ["a", "b", "c"],
+        [[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]],
+        ["a", "b", "c"],
+        [
+            {"session_id": "s1", "user_id": "u"},
+            {"session_id": "s2", "user_id": "v"},
+            {"session_id": "s3", "user_id": "u"},
+        ],
+    )
+    assert [i for i, _ in index.query([1.0, 0.0], 3, None, "u")] == ["a", "c"]
+    assert [i for i, _ in index.query([1.0, 0.0], 3, "s2", "v")] == ["b"]
+    assert index.query([1.0, 0.0], 1, None, "u")[0][1] == pytest.approx(1.0)
+    index.delete_scope(None, "u")
+    assert collection.get(include=[])["ids"] == ["b"]
+    chroma_client.delete_collection(collection_name)
+
+
+def test_a_langchain_vector_store_behind_the_tier(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    store = InMemoryVectorStore(HashEmbeddings())
+    memory = make_memory(vectors=store, exact_limit=0)
+    assert isinstance(memory.vectors, VectorStoreIndex)
+    fill(backup, memory, "s1", "u", 8)
+    fill(backup, memory, "s2", "v", 8)
+    assert len(store.store) == 16
+    docs = memory.search("payroll number 2", user_id="u", scope="user", k=3)
+    assert docs[0].page_content.endswith(
+        "User: u payroll number 2 for s1 is 74 euros\nAI: noted the payroll 2"
+    )
+    assert {d.metadata["user_id"] for d in docs} == {"u"}
+    # The adapter filters by scope, and re-checks whatever the store returns.
+    hits = memory.vectors.query(HashEmbeddings().embed_query("payroll"), 20, "s2", None)
+    assert hits and {store.store[i]["metadata"]["session_id"] for i, _ in hits} == {"s2"}
+    memory.forget(session_id="s1")
+    assert {doc["metadata"]["session_id"] for doc in store.store.values()} == {"s2"}
+    assert memory.search("payroll", session_id="s1") == []
+
+
+def test_vector_store_adapter_updates_metadata_and_rechecks_scope() -> None:
+    store = InMemoryVectorStore(HashEmbeddings())
+    unfiltered = VectorStoreIndex(store, scope_filter=lambda s, u: None, oversample=3)
+    unfiltered.upsert(
+        ["x", "y"],
+        [[], []],
+        ["alpha beta", "alpha gamma"],
+        [{"session_id": "s1", "user_id": ""}, {"session_id": "s2", "user_id": ""}],
+    )
+    # The store's filter is off: the adapter still drops the other scope's hit.
+    assert [
+        i for i, _ in unfiltered.query(HashEmbeddings().embed_query("alpha"), 2, "s1", None)
+    ] == ["x"]
+    unfiltered.update_metadata(["x"], [{"source_ids": "[1, 2]"}])
+    (doc,) = store.get_by_ids(["x"])
+    assert doc.metadata == {"session_id": "s1", "user_id": "", "source_ids": "[1, 2]"}
+    unfiltered.delete(["x"])
+    assert store.get_by_ids(["x"]) == []
