@@ -24,6 +24,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
 from langchain_tiered_memory.core.validation import check_int, validate_id
+from langchain_tiered_memory.storage.base import Plan
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
@@ -101,6 +102,21 @@ class ResolvedScope:
     key: tuple[str, str]
     session_id: str | None
     user_id: str | None
+
+    def holds(self, row: Any) -> bool:
+        """Whether a catalog row belongs to this scope (the SQL condition, in Python)."""
+        return (self.session_id is None or row.session_id == self.session_id) and (
+            self.user_id is None or row.user_id == self.user_id
+        )
+
+    def fresh_plan(self, catalog: Catalog, ids: Sequence[str]) -> Plan[dict[str, Any]]:
+        """The scope's rows among ``ids``, as they are now.
+
+        Looked up by id alone, then kept if they are the scope's: with the scope's
+        condition in SQL, SQLite would scan a large scope's index instead.
+        """
+        rows = yield from catalog.fresh_plan(ids)
+        return {doc_id: row for doc_id, row in rows.items() if self.holds(row)}
 
 
 class MemorySearch:
@@ -210,9 +226,7 @@ class MemorySearch:
         if not ranked:  # nothing matches at all: the newest memories
             ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
         ids = [doc_id for doc_id, _ in ranked]
-        rows = self.catalog.backup.run(
-            self.catalog.fresh_plan(ids, resolved.condition), read_only=True
-        )
+        rows = self.catalog.backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
         found = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
         return newer_first(found, values(query))[:k]
 
@@ -252,7 +266,7 @@ class MemorySearch:
         missing = [i for i in lexical if i not in dense]
         if missing:
             rows = self.catalog.backup.run(
-                self.catalog.fresh_plan(missing, resolved.condition), read_only=True
+                resolved.fresh_plan(self.catalog, missing), read_only=True
             )
             stored = [row for row in rows.values() if row.vector is not None]
             if stored:
