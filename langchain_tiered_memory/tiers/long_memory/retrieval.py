@@ -67,7 +67,7 @@ class ScopeIndex:
     ids: list[str] = field(default_factory=list)
     vectors: list[bytes | None] = field(default_factory=list)
     _matrix: Any = None
-    _position: dict[str, int] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)
 
     def add(self, rows: Sequence[Any]) -> None:
         """Index rows; a row already indexed (a turn that grew) replaces its old version."""
@@ -75,12 +75,12 @@ class ScopeIndex:
             vector = getattr(row, "vector", None) if self.exact else None
             old = self.rows.get(row.id)
             if old is None:
-                self._position[row.id] = len(self.ids)
+                self.position[row.id] = len(self.ids)
                 self.ids.append(row.id)
                 self.vectors.append(vector)
             else:
                 self.bm25.remove(row.id, shown(old))
-                self.vectors[self._position[row.id]] = vector
+                self.vectors[self.position[row.id]] = vector
             self.bm25.add(row.id, shown(row))
             self.rows[row.id] = row
         self._matrix = None
@@ -252,7 +252,7 @@ class MemorySearch:
             sims = matrix @ query
             best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
             dense = {index.ids[i]: float(sims[i]) for i in best}
-            position = index._position
+            position = index.position
             dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
             return dense
         try:
