@@ -222,3 +222,44 @@ class Archive(Protocol):
     def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
         """Remove a session, a user, or one user's session; returns how many messages."""
         ...
+
+
+class InlineAsyncArchive:
+    """The async twins of an archive whose sync methods do only local work.
+
+    Each runs its sync method inline: a local file write is not worth a thread
+    hop. Mixed into an implementation of the rest of :class:`Archive`.
+    """
+
+    async def acheck_owner(
+        self: Archive, session_id: str, user_id: str | None, *, write: bool = False
+    ) -> None:
+        """:meth:`check_owner`."""
+        self.check_owner(session_id, user_id, write=write)
+
+    async def aadd_messages(
+        self: Archive,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+        jobs: Sequence[str | EnqueuePlanner] = (),
+    ) -> list[int]:
+        """:meth:`add_messages`."""
+        return self.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
+
+    async def aget_messages(
+        self: Archive, session_id: str, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """:meth:`get_messages`."""
+        return self.get_messages(session_id, user_id=user_id)
+
+    async def atail(
+        self: Archive, session_id: str, turns: int, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """:meth:`tail`."""
+        return self.tail(session_id, turns, user_id=user_id)
+
+    async def aclear(self: Archive, session_id: str, *, user_id: str | None = None) -> int:
+        """:meth:`clear`."""
+        return self.clear(session_id, user_id=user_id)
