@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from langchain_core.messages import BaseMessage
 from sqlalchemy.sql import Executable
@@ -231,14 +231,19 @@ class InlineAsyncArchive:
     hop. Mixed into an implementation of the rest of :class:`Archive`.
     """
 
+    @property
+    def _archive(self) -> Archive:
+        # The class this is mixed into implements the sync side of the protocol.
+        return cast("Archive", self)
+
     async def acheck_owner(
-        self: Archive, session_id: str, user_id: str | None, *, write: bool = False
+        self, session_id: str, user_id: str | None, *, write: bool = False
     ) -> None:
         """:meth:`check_owner`."""
-        self.check_owner(session_id, user_id, write=write)
+        self._archive.check_owner(session_id, user_id, write=write)
 
     async def aadd_messages(
-        self: Archive,
+        self,
         session_id: str,
         messages: Sequence[BaseMessage],
         *,
@@ -246,20 +251,20 @@ class InlineAsyncArchive:
         jobs: Sequence[str | EnqueuePlanner] = (),
     ) -> list[int]:
         """:meth:`add_messages`."""
-        return self.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
+        return self._archive.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
 
     async def aget_messages(
-        self: Archive, session_id: str, *, user_id: str | None = None
+        self, session_id: str, *, user_id: str | None = None
     ) -> list[BaseMessage]:
         """:meth:`get_messages`."""
-        return self.get_messages(session_id, user_id=user_id)
+        return self._archive.get_messages(session_id, user_id=user_id)
 
     async def atail(
-        self: Archive, session_id: str, turns: int, *, user_id: str | None = None
+        self, session_id: str, turns: int, *, user_id: str | None = None
     ) -> list[BaseMessage]:
         """:meth:`tail`."""
-        return self.tail(session_id, turns, user_id=user_id)
+        return self._archive.tail(session_id, turns, user_id=user_id)
 
-    async def aclear(self: Archive, session_id: str, *, user_id: str | None = None) -> int:
+    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
         """:meth:`clear`."""
-        return self.clear(session_id, user_id=user_id)
+        return self._archive.clear(session_id, user_id=user_id)
