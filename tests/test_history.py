@@ -377,3 +377,20 @@ def test_system_messages_before_the_first_question_are_not_in_the_window(
     history = TieredChatMessageHistory("sys", backup=backup)
     history.add_messages([SystemMessage("be nice"), HumanMessage("q"), AIMessage("a")])
     assert contents(history.messages) == ["q", "a"]
+
+
+def test_on_tiers_opens_the_session_on_the_owners_archive(backup: MySQLBackup) -> None:
+    class Owner:
+        long_memory = None
+        consolidator = None
+
+        def __init__(self, archive: MySQLBackup) -> None:
+            self.backup = archive
+
+    history = TieredChatMessageHistory.on_tiers(
+        Owner(backup), "s-owner", user_id="u1", window_turns=1, window_max_tokens=None
+    )
+    history.add_messages([HumanMessage("a"), AIMessage("b"), HumanMessage("c"), AIMessage("d")])
+    assert history.backup is backup
+    assert (history.user_id, history.window_turns, history.window_max_tokens) == ("u1", 1, None)
+    assert [m.content for m in history.messages] == ["c", "d"]

@@ -198,6 +198,11 @@ def _store(ctx: typer.Context) -> Store:
     return store
 
 
+def chars_option(item: str) -> typer.models.OptionInfo:
+    """The ``--chars`` option of a command that shows ``item``s cut to a length."""
+    return typer.Option("--chars", help=f"Characters shown per {item}; 0 for all.")
+
+
 # -- commands -----------------------------------------------------------------
 
 
@@ -247,9 +252,7 @@ def show(
             "--before", help="Only messages older than this id (page back).", show_default=False
         ),
     ] = None,
-    chars: Annotated[
-        int, typer.Option("--chars", help="Characters shown per message; 0 for all.")
-    ] = 300,
+    chars: Annotated[int, chars_option("message")] = 300,
 ) -> None:
     """Show a page of a session's archived messages, oldest first (newest page by default)."""
     store = _store(ctx)
@@ -305,9 +308,7 @@ def search(
         ),
     ] = None,
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
-    chars: Annotated[
-        int, typer.Option("--chars", help="Characters shown per memory; 0 for all.")
-    ] = 300,
+    chars: Annotated[int, chars_option("memory")] = 300,
 ) -> None:
     """Search long-term memories (hybrid dense + BM25) of a session or of its user."""
     store = _store(ctx)

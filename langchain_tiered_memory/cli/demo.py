@@ -259,12 +259,10 @@ class Demo:
         """The session's TieredChatMessageHistory on the demo's tiers."""
         from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 
-        return TieredChatMessageHistory(
+        return TieredChatMessageHistory.on_tiers(
+            self,
             session_id,
             user_id=DEMO_USER,
-            backup=self.backup,
-            long_memory=self.long_memory,
-            consolidator=self.consolidator,
             window_turns=DEMO_WINDOW_TURNS,
             window_max_tokens=DEMO_WINDOW_TOKENS,
         )

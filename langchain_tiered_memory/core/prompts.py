@@ -134,6 +134,15 @@ class Prompts:
                 raise ValueError(msg)
 
 
+# The speaker labels of a transcript (the consolidation prompt, the compressor's
+# timeline), one table per language.
+EN_ROLES: Mapping[str, str] = MappingProxyType(
+    {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"}
+)
+ZH_ROLES: Mapping[str, str] = MappingProxyType(
+    {"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"}
+)
+
 EN = Prompts(
     extraction=(
         "Summarise the core meaning of the conversation below.\n"
@@ -155,9 +164,7 @@ EN = Prompts(
         "3. **Solved problems and their answers**\n"
         "4. **Open problems**\n"
     ),
-    consolidation_roles=MappingProxyType(
-        {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"}
-    ),
+    consolidation_roles=EN_ROLES,
     continue_prompt=(
         "Your previous answer was cut off by the output length limit. Continue exactly "
         "where it stopped: do not repeat anything and do not add a preamble."
@@ -187,9 +194,7 @@ EN = Prompts(
         repeats="- Repeated tool outputs counted, not repeated: {n}",
         dropped="- Messages force-deleted to fit the context: {n}",
         pending="- Pending work:",
-        roles=MappingProxyType(
-            {"human": "User", "ai": "Assistant", "tool": "Tool", "system": "System"}
-        ),
+        roles=EN_ROLES,
         overflow_advice=(
             "Start a new session (its memories carry over through the long-term tier)."
         ),
@@ -218,9 +223,7 @@ ZH = Prompts(
         "3. **已解决的问题和答案**\n"
         "4. **待解决的问题**\n"
     ),
-    consolidation_roles=MappingProxyType(
-        {"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"}
-    ),
+    consolidation_roles=ZH_ROLES,
     continue_prompt=(
         "你上一条回答因输出长度限制被截断了。"
         "请从中断处继续输出，不要重复已输出的内容，也不要加开场白。"
@@ -249,7 +252,7 @@ ZH = Prompts(
         repeats="- 重复的工具输出（只计数不重复）：{n}",
         dropped="- 为防止超限强制删除的消息：{n}",
         pending="- 待办事项：",
-        roles=MappingProxyType({"human": "用户", "ai": "助手", "tool": "工具", "system": "系统"}),
+        roles=ZH_ROLES,
         overflow_advice="请新建会话继续。",
     ),
     context_consolidated="长期记忆（MEMORY.md）：",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import run_in_executor
@@ -124,36 +124,41 @@ async def _aperform(step: Step) -> Any:
     raise TypeError(msg)
 
 
+@dataclass(frozen=True)
+class _Done:
+    """What :func:`_advance` answers when the plan has returned."""
+
+    value: Any
+
+
+def _advance(plan: StepPlan[Any], result: Any) -> Step | _Done:
+    """Send ``result`` into ``plan``: its next step, or its return value."""
+    try:
+        return plan.send(result)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
 def run(plan: StepPlan[T]) -> T:
     """Run ``plan`` to its end with the sync side of each step; return its result."""
-    result: Any = None
-    while True:
-        try:
-            step = plan.send(result)
-        except StopIteration as stop:
-            return stop.value
-        result = _perform(step)
+    step = _advance(plan, None)
+    while not isinstance(step, _Done):
+        step = _advance(plan, _perform(step))
+    return cast("T", step.value)
 
 
 async def arun(plan: StepPlan[T]) -> T:
     """Run ``plan`` to its end with the async side of each step; return its result."""
-    result: Any = None
-    while True:
-        try:
-            step = plan.send(result)
-        except StopIteration as stop:
-            return stop.value
-        result = await _aperform(step)
+    step = _advance(plan, None)
+    while not isinstance(step, _Done):
+        step = _advance(plan, await _aperform(step))
+    return cast("T", step.value)
 
 
 def run_stream(plan: StepPlan[Any]) -> Generator[Any, None, None]:
     """Run ``plan`` with the sync side of each step, yielding what it relays and emits."""
-    result: Any = None
-    while True:
-        try:
-            step = plan.send(result)
-        except StopIteration:
-            return
+    step = _advance(plan, None)
+    while not isinstance(step, _Done):
         result = None
         if isinstance(step, Emit):
             yield step.value
@@ -162,16 +167,13 @@ def run_stream(plan: StepPlan[Any]) -> Generator[Any, None, None]:
                 yield step.each(item)
         else:
             result = _perform(step)
+        step = _advance(plan, result)
 
 
 async def arun_stream(plan: StepPlan[Any]) -> AsyncIterator[Any]:
     """Run ``plan`` with the async side of each step, yielding what it relays and emits."""
-    result: Any = None
-    while True:
-        try:
-            step = plan.send(result)
-        except StopIteration:
-            return
+    step = _advance(plan, None)
+    while not isinstance(step, _Done):
         result = None
         if isinstance(step, Emit):
             yield step.value
@@ -180,6 +182,7 @@ async def arun_stream(plan: StepPlan[Any]) -> AsyncIterator[Any]:
                 yield step.each(item)
         else:
             result = await _aperform(step)
+        step = _advance(plan, result)
 
 
 __all__ = [

