@@ -249,7 +249,7 @@ class MemorySearch:
             import numpy as np
 
             query = unit_rows([vector])[0]
-            sims = matrix @ query
+            sims = similarities(matrix, query)
             best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
             dense = {index.ids[i]: float(sims[i]) for i in best}
             position = index.position
@@ -270,8 +270,8 @@ class MemorySearch:
             )
             stored = [row for row in rows.values() if row.vector is not None]
             if stored:
-                sims = (
-                    unit_rows([from_bytes(row.vector) for row in stored]) @ unit_rows([vector])[0]
+                sims = similarities(
+                    unit_rows([from_bytes(row.vector) for row in stored]), unit_rows([vector])[0]
                 )
                 dense.update((row.id, float(s)) for row, s in zip(stored, sims, strict=True))
         return dense
@@ -293,6 +293,18 @@ def document(row: Any, score: float) -> Document:
             "score": score,
         },
     )
+
+
+def similarities(matrix: Any, query: Any) -> Any:
+    """Dot products of each row of ``matrix`` with ``query``, on this thread.
+
+    Not ``matrix @ query``: a multi-threaded BLAS leaves its threads spinning after
+    the call, and they take the cores from the next query's embedding (measured:
+    embedding p50 13 -> 25 ms, p95 16 -> 110 ms beside a 10k x 384 product).
+    """
+    import numpy as np
+
+    return np.einsum("ij,j->i", matrix, query)
 
 
 def unit_rows(vectors: Sequence[Any]) -> Any:
