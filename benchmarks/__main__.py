@@ -7,10 +7,11 @@ Run from the repository root::
     .venv/bin/python -m benchmarks --only hot_path,recall
 
 Each benchmark module of this folder (``bench_tokens``, ``bench_compression``,
-``bench_hot_path``, ``bench_long_memory``, ``bench_recall``, ``bench_complete``, and
-``bench_load`` when it exists) runs in a process of its own, ``python -m benchmarks.<module> ...
---json <file>``, so that one benchmark's threads, caches and memory (a 100k-vector
-Chroma store, a loaded model) never skew the next one's timings. Its own table and
+``bench_hot_path``, ``bench_long_memory``, ``bench_ingest``, ``bench_recall``,
+``bench_complete``, and ``bench_load`` when it exists) runs in a process of its own,
+``python -m benchmarks.<module> ... --json <file>``, so that one benchmark's threads,
+caches and memory (a 100k-vector Chroma store, a loaded model) never skew the next
+one's timings. Its own table and
 progress go to a log file; its JSON is read back and summarised in one table:
 metric, ours, peer, the peer's figure, ratio (how many times better ours is), target
 and pass/miss. ``--json`` writes that summary together with every module's full
@@ -51,6 +52,7 @@ ORDER = (
     "bench_compression",
     "bench_hot_path",
     "bench_long_memory",
+    "bench_ingest",
     "bench_recall",
     "bench_complete",
     "bench_load",

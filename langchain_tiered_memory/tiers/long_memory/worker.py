@@ -65,6 +65,16 @@ PREFIXES = 16
 # change a value; everything else (punctuation, case, articles) says nothing new.
 _WORDS = re.compile(r"[-+\u2212]?\d(?:[\d.,:/-]*\d)?|[^\W\d_]+|[$€£¥₹%‰]")
 _ARTICLES = frozenset({"a", "an", "the"})
+#: Jobs claimed per round by default. Raw turns are bound by the embedding model,
+#: which pads each batch to its longest text: a larger batch, sorted by length,
+#: pads less. Extraction is bound by the LLM: a smaller batch commits sooner.
+RAW_BATCH = 512
+EXTRACT_BATCH = 64
+
+
+def default_batch_size(extractor: BaseChatModel | None) -> int:
+    """Jobs a worker claims per round: :data:`RAW_BATCH` or :data:`EXTRACT_BATCH`."""
+    return RAW_BATCH if extractor is None else EXTRACT_BATCH
 
 
 @dataclass
@@ -309,18 +319,17 @@ class ExtractionWorker(QueueWorker):
         skipped: list[int] = []
         empty: list[Job] = []
         fresh: list[Memory] = []
+        turns = self._turns(jobs)
         for job in jobs:
             if job.session_id in failed_sessions:
                 skipped.append(job.id)  # keeps the session's order
                 continue
-            try:
-                before, turn = self.backup.run(self.catalog.turn_plan(job))
-            except ArchiveUnavailableError:
-                raise  # an outage: the batch is claimed again later
-            except Exception as exc:  # a stored message this process cannot decode
+            read = turns[job.id]
+            if isinstance(read, Exception):  # a stored message this process cannot decode
                 failed_sessions.add(job.session_id)
-                self._unreadable(job, exc)
+                self._unreadable(job, read)
                 continue
+            before, turn = read
             if not turn:  # its messages were deleted (clear or forget)
                 empty.append(job)
                 continue
@@ -357,6 +366,38 @@ class ExtractionWorker(QueueWorker):
             )
         self.queue.release([job for job in jobs if job.id in skipped])
         return self._store(fresh, empty)
+
+    def _turns(
+        self, jobs: Sequence[Job]
+    ) -> dict[int, tuple[list[TurnRow], list[TurnRow]] | Exception]:
+        """Each job's turn and the turn before it, read a session at a time.
+
+        A session whose read fails is read again job by job, so that the error
+        stays with the job whose turn cannot be read; an outage is raised (the
+        batch is claimed again later).
+        """
+        sessions: dict[str, list[Job]] = {}
+        for job in jobs:
+            sessions.setdefault(job.session_id, []).append(job)
+        found: dict[int, tuple[list[TurnRow], list[TurnRow]] | Exception] = {}
+        for group in sessions.values():
+            try:
+                read = self.backup.run(self.catalog.turns_plan(group))
+            except ArchiveUnavailableError:
+                raise
+            except Exception:
+                read = None  # read again job by job, below
+            if read is not None:
+                found.update(zip((job.id for job in group), read, strict=True))
+                continue
+            for job in group:
+                try:
+                    found[job.id] = self.backup.run(self.catalog.turns_plan([job]))[0]
+                except ArchiveUnavailableError:
+                    raise
+                except Exception as exc:
+                    found[job.id] = exc
+        return found
 
     def _prefix_hashes(self, messages: Sequence[BaseMessage]) -> list[str]:
         """Content hashes of the raw memories that earlier jobs of this turn may have left.
@@ -421,8 +462,11 @@ class ExtractionWorker(QueueWorker):
             latest[memory.id] = memory
         writes, provenance = self._dedupe(list(latest.values())) if latest else ([], {})
         if writes:
-            vectors = self.embedding.embed_documents([m.text for m in writes])
-            for memory, vector in zip(writes, vectors, strict=True):
+            # Longest first, as sentence-transformers orders a call: an embedding
+            # that batches texts in the order given pads each batch less.
+            by_length = sorted(writes, key=lambda m: -len(m.text))
+            vectors = self.embedding.embed_documents([m.text for m in by_length])
+            for memory, vector in zip(by_length, vectors, strict=True):
                 memory.vector = vector
             self.vectors.upsert(
                 [m.id for m in writes],
