@@ -703,7 +703,7 @@ def bench_ingest(
     )
     queue, collection = lm.queue, lm.collection
     timed_embedding = Timed(embedding, ["embed_documents"])
-    timed_collection = Timed(collection, ["query", "upsert"])
+    timed_collection = Timed(collection, ["upsert"])
     timed_queue = Timed(queue, ["claim"])
     lm.embedding = timed_embedding  # type: ignore[assignment]
     lm.collection = timed_collection
@@ -721,16 +721,13 @@ def bench_ingest(
     batches = sum(1 for _ in timed_queue.times["claim"]) - 1  # the last claim finds nothing
     store = sum(store_times)
     embed = sum(timed_embedding.times["embed_documents"])
-    query = timed_collection.times["query"]
     upsert = sum(timed_collection.times["upsert"])
     breakdown = {
         "claim_s": claim,
         "load_turns_s": elapsed - claim - store,
         "embed_s": embed,
-        "chroma_dedupe_query_s": sum(query),
-        "chroma_dedupe_queries": len(query),
         "chroma_upsert_s": upsert,
-        "commit_and_dedupe_sql_s": store - embed - sum(query) - upsert,
+        "commit_and_dedupe_sql_s": store - embed - upsert,
         "batches": batches,
     }
     rate = turns / elapsed
@@ -741,8 +738,7 @@ def bench_ingest(
             f"{rate:,.0f} turns/s ({elapsed:.1f} s; {finished:,} jobs, {memories:,} memories,"
             f" {left} left)\n"
             f"  claim {claim:.1f} s | load turns {breakdown['load_turns_s']:.1f} s | embed"
-            f" {embed:.1f} s | Chroma dedupe queries {sum(query):.1f} s ({len(query)}, "
-            f"{len(query) / max(1, batches):.0f}/batch) | upsert {upsert:.1f} s | commit+SQL "
+            f" {embed:.1f} s | Chroma upsert {upsert:.1f} s | commit+SQL "
             f"{breakdown['commit_and_dedupe_sql_s']:.1f} s; embedding alone caps at "
             f"{turns / max(embed, 1e-9):,.0f} turns/s",
             f">= {TARGET_TURNS_PER_S:g} turns/s",
