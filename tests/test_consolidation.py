@@ -508,6 +508,7 @@ def test_a_failing_llm_archives_the_batch_raw(
         "error": FakeLLM(fail_always=True),
         "hang": FakeLLM(sleep=2.0),  # past timeout=0.2
         "empty": FakeLLM(answer="  \n "),
+        "huge": FakeLLM(answer="# memory\n" + "y" * (20 * 1024 * 1024)),
     }.items():
         consolidator = make_consolidator(llm, timeout=0.2)
         history = TieredChatMessageHistory(session, backup=backup, consolidator=consolidator)

@@ -21,6 +21,7 @@ import asyncio
 import json
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +34,8 @@ from sqlalchemy import insert, make_url, select, update
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.storage.base import utcnow
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
-from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import MEMORY_CHARS, ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory.catalog import storable
 
 from .conftest import MYSQL_URL, require_mysql
 from .fakes import HashEmbeddings
@@ -576,3 +578,21 @@ def test_a_misbehaving_extractor_never_blocks_the_chat(
         f"\n[faults] chaos extractor: add_messages p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
         f"max {max(latencies) * 1000:.1f} ms"
     )
+
+
+def test_a_huge_answer_is_cut_before_it_is_scanned() -> None:
+    """The worker's work on an answer is bounded by the memory size, not the answer's.
+
+    A regex over a 20 MB answer holds the GIL for the whole scan and stalls the
+    chat's own threads; the answer is cut first, so no copy of it is ever made.
+    """
+    huge = "y" * (20 * 1024 * 1024) + "\ud800"  # the lone surrogate forces a rewrite
+    tracemalloc.start()
+    try:
+        text = storable(huge)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(text) == MEMORY_CHARS and text.endswith("…")
+    assert peak < 1024 * 1024, f"{peak} bytes: the answer was copied before it was cut"
+    assert storable("a \ud800 b") == "a \ufffd b"

@@ -73,6 +73,8 @@ from langchain_tiered_memory.text.lexical import cjk_share
 logger = logging.getLogger(__name__)
 
 MESSAGE_CHARS = 2000  # per message in the prompt and HISTORY.md; the archive keeps all
+#: A longer MEMORY.md answer is garbage (it would not fit the next prompt): a failed attempt.
+MEMORY_MD_CHARS = 64_000
 # Lone surrogates cannot be written as UTF-8 (files, MySQL): they become U+FFFD.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SECRETS = [
@@ -373,6 +375,9 @@ class MemoryConsolidator(QueueWorker):
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )
             text = answer.text if isinstance(answer.text, str) else str(answer.content)
+            if len(text) > MEMORY_MD_CHARS:  # checked before any scan of the text
+                msg = f"the LLM returned {len(text)} characters, more than {MEMORY_MD_CHARS}"
+                raise ValueError(msg)
             if not text.strip():
                 msg = "the LLM returned an empty MEMORY.md"
                 raise ValueError(msg)

@@ -40,9 +40,14 @@ def digest(*parts: str) -> str:
 
 
 def storable(text: str, limit: int = MEMORY_CHARS) -> str:
-    """Text that Chroma and the catalog accept: lone surrogates replaced, at most ``limit``."""
-    text = _SURROGATE.sub("\ufffd", text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Text that Chroma and the catalog accept: lone surrogates replaced, at most ``limit``.
+
+    The text is cut before it is scanned: a regex holds the GIL for the whole
+    string, and an LLM answer of many megabytes would stall the chat's threads.
+    """
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def context_ids(row: Any) -> list[int] | None:
