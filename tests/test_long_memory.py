@@ -892,6 +892,73 @@ def test_reindex_rebuilds_chroma_from_the_catalog(
     assert memory.collection.count() == 6
 
 
+class DamagedCollection:
+    """A Chroma collection as a kill mid-write leaves it: every call fails (chroma#5366)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, method: str) -> Any:
+        from chromadb.errors import InternalError
+
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise InternalError(
+                "Error in compaction: Failed to apply logs to the hnsw segment writer"
+            )
+
+        return fail
+
+
+@pytest.mark.parametrize("first", ["search", "write", "forget"])
+def test_a_damaged_chroma_collection_is_rebuilt_from_the_catalog(
+    make_memory: MakeMemory, backup: MySQLBackup, first: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    memory = make_memory()
+    memory.exact_limit = 0  # every search asks Chroma
+    _three_sessions(memory, backup)
+    before = memory.collection.get(include=["embeddings", "documents", "metadatas"])
+    assert len(before["ids"]) == 6
+    embedded: list[str] = []
+    embed = memory.embedding.embed_documents
+    memory.embedding.embed_documents = lambda texts: embedded.extend(texts) or embed(texts)  # type: ignore[method-assign]
+    memory.collection = DamagedCollection(memory.collection.name)
+    with caplog.at_level("WARNING"):
+        if first == "search":
+            [doc] = memory.search("AR table due date", session_id="s2", k=1)
+            assert doc.page_content.startswith("User: s2: the AR table")
+        elif first == "write":
+            memory.run_pending()  # the three pending turns
+        else:
+            assert memory.forget(session_id="s3") == 6
+    assert any("damaged" in record.getMessage() for record in caplog.records)
+    after = memory.collection.get(include=["embeddings", "documents", "metadatas"])
+    kept = {
+        i: (d, m, list(e))
+        for i, d, m, e in zip(
+            *(before[k] for k in ("ids", "documents", "metadatas", "embeddings")), strict=True
+        )
+    }
+    rebuilt = {
+        i: (d, m, list(e))
+        for i, d, m, e in zip(
+            *(after[k] for k in ("ids", "documents", "metadatas", "embeddings")), strict=True
+        )
+    }
+    if first == "forget":
+        kept = {i: v for i, v in kept.items() if v[1]["session_id"] != "s3"}
+    if first == "write":  # the pending turns were embedded and written after the repair
+        assert len(rebuilt) == 9 and all(text.endswith("not yet extracted") for text in embedded)
+        rebuilt = {i: v for i, v in rebuilt.items() if i in kept}
+    else:
+        assert embedded == []  # the catalog's vectors were reused, nothing embedded again
+    assert rebuilt.keys() == kept.keys()
+    for key, (text, meta, vector) in kept.items():
+        assert rebuilt[key][:2] == (text, meta)
+        assert rebuilt[key][2] == pytest.approx(vector, abs=1e-6)
+    memory.run_pending()
+    assert memory.collection.count() == len(catalog(backup))
+
+
 # -- 9. the core suite, embedded and against a Chroma server ---------------------------
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ from langchain_tiered_memory.tiers.long_memory.catalog import (
     MEMORY_CHARS,
     Catalog,
     digest,
+    from_bytes,
     row_metadata,
 )
 from langchain_tiered_memory.tiers.long_memory.chroma import (
@@ -197,11 +198,12 @@ class ChromaLongMemory(ExtractionWorker):
         self._collection: Any = None
         self._collection_name = collection_name
         self._chroma_lock = threading.Lock()
+        self._repair_lock = threading.Lock()
         if vectors is None:
             self._connect(
                 host, port, own_client=client is not None or persist_directory is not None
             )
-            index: VectorIndex = ChromaVectorIndex(lambda: self.collection)
+            index: VectorIndex = ChromaVectorIndex(lambda: self.collection, self._repair_index)
             locator = chroma_locator(client, persist_directory, host, port, collection_name)
         else:
             index, locator = as_vector_index(vectors), None
@@ -411,9 +413,56 @@ class ChromaLongMemory(ExtractionWorker):
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the vector index (and the catalog's vectors) from the catalog.
 
+        Every memory is embedded again, with the tier's current embedding.
+
         Returns:
             How many memories were written to the index.
         """
+        return self._fill_index(self.vectors.upsert, reuse_vectors=False, progress=progress)
+
+    def _repair_index(self, damaged: Any) -> None:
+        """Replace a damaged Chroma collection with a new one, filled from the catalog.
+
+        The catalog holds every memory with the vector it was indexed with, so the
+        new collection holds what the damaged one did, without embedding again.
+        """
+        with self._repair_lock:
+            if self._collection is not damaged:  # another thread repaired it meanwhile
+                return
+            logger.warning(
+                "the Chroma collection %r is damaged (a process was killed while writing "
+                "it); rebuilding it from the catalog",
+                self._collection_name,
+            )
+            try:
+                self.client.delete_collection(self._collection_name)
+            except Exception as exc:  # already gone: a new one is made all the same
+                logger.debug("deleting the damaged collection failed: %s", exc)
+            self._collection = None
+
+            def write(
+                ids: Sequence[str],
+                vectors: Sequence[Sequence[float]],
+                texts: Sequence[str],
+                metadatas: Sequence[dict[str, Any]],
+            ) -> None:
+                # The new collection directly: a second failure is raised, not repaired.
+                self.collection.upsert(
+                    ids=list(ids),
+                    embeddings=list(vectors),
+                    documents=list(texts),
+                    metadatas=list(metadatas),
+                )
+
+            done = self._fill_index(write, reuse_vectors=True, progress=False)
+            logger.warning(
+                "rebuilt the Chroma collection %r: %d memories", self._collection_name, done
+            )
+
+    def _fill_index(
+        self, write: Callable[..., None], *, reuse_vectors: bool, progress: bool
+    ) -> int:
+        """Write every catalog memory with ``write``; embed those without a kept vector."""
         from tqdm.auto import tqdm
 
         catalog = self.catalog
@@ -422,14 +471,26 @@ class ChromaLongMemory(ExtractionWorker):
         after = 0
         with tqdm(total=total, desc="reindex", unit="memory", disable=not progress) as bar:
             while rows := self.backup.run(catalog.page_plan(after)):
-                vectors = self.embedding.embed_documents([row.text for row in rows])
-                self.vectors.upsert(
+                kept = [
+                    from_bytes(row.vector) if reuse_vectors and row.vector else None for row in rows
+                ]
+                missing = [row for row, vector in zip(rows, kept, strict=True) if vector is None]
+                fresh = iter(
+                    self.embedding.embed_documents([row.text for row in missing]) if missing else []
+                )
+                vectors = [next(fresh) if vector is None else vector for vector in kept]
+                write(
                     [row.id for row in rows],
                     vectors,
                     [row.text for row in rows],
                     [row_metadata(row) for row in rows],
                 )
-                self.backup.run(catalog.vectors_plan(rows, vectors))
+                if missing:
+                    self.backup.run(
+                        catalog.vectors_plan(
+                            missing, [v for v, k in zip(vectors, kept, strict=True) if k is None]
+                        )
+                    )
                 after = rows[-1].seq
                 done += len(rows)
                 bar.update(len(rows))

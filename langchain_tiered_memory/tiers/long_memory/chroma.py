@@ -49,6 +49,18 @@ def make_chroma_client(
     return chromadb.PersistentClient(path=str(path), settings=chroma_settings())
 
 
+def is_damaged(exc: BaseException) -> bool:
+    """Whether Chroma failed because its local index cannot replay its own log.
+
+    A process killed in the middle of an embedded ``PersistentClient`` write can
+    leave the collection's HNSW files behind its write-ahead log; from then on
+    every read and write of the collection fails with ``InternalError: ... Failed
+    to apply logs to the hnsw segment writer`` (chroma-core/chroma#5366). Only a
+    new collection recovers, which the catalog can fill.
+    """
+    return type(exc).__name__ == "InternalError" and "Failed to apply logs" in str(exc)
+
+
 def chroma_where(session_id: str | None, user_id: str | None) -> dict[str, Any]:
     """The metadata filter of a scope (a session, a user, or a user's session)."""
     clauses: list[dict[str, Any]] = []

@@ -9,12 +9,14 @@ the scope's catalog rows: ids coming out of an index are not trusted.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 
-from langchain_tiered_memory.tiers.long_memory.chroma import chroma_where, delete_where
+from langchain_tiered_memory.tiers.long_memory.chroma import chroma_where, delete_where, is_damaged
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -60,15 +62,31 @@ class ChromaVectorIndex:
     Args:
         collection: A callable returning the collection, read at each call so the
             owner may connect late or swap it.
+        repair: Called with the collection when Chroma says it is damaged
+            (:func:`~langchain_tiered_memory.tiers.long_memory.chroma.is_damaged`);
+            it replaces the collection, and the call is made once more on the new one.
     """
 
-    def __init__(self, collection: Callable[[], Any]) -> None:
+    def __init__(
+        self, collection: Callable[[], Any], repair: Callable[[Any], None] | None = None
+    ) -> None:
         self._collection = collection
+        self._repair = repair
 
     @property
     def collection(self) -> Any:
         """The Chroma collection."""
         return self._collection()
+
+    def _run(self, call: Callable[[Any], T]) -> T:
+        collection = self.collection
+        try:
+            return call(collection)
+        except Exception as exc:
+            if self._repair is None or not is_damaged(exc):
+                raise
+            self._repair(collection)
+            return call(self.collection)
 
     def upsert(
         self,
@@ -78,35 +96,39 @@ class ChromaVectorIndex:
         metadatas: Sequence[dict[str, Any]],
     ) -> None:
         """Write (or overwrite) memories by id."""
-        self.collection.upsert(
-            ids=list(ids),
-            embeddings=list(vectors),
-            documents=list(texts),
-            metadatas=list(metadatas),
+        self._run(
+            lambda collection: collection.upsert(
+                ids=list(ids),
+                embeddings=list(vectors),
+                documents=list(texts),
+                metadatas=list(metadatas),
+            )
         )
 
     def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         """Merge new metadata values into stored memories."""
-        self.collection.update(ids=list(ids), metadatas=list(metadatas))
+        self._run(lambda collection: collection.update(ids=list(ids), metadatas=list(metadatas)))
 
     def delete(self, ids: Sequence[str]) -> None:
         """Remove memories by id."""
         if ids:
-            self.collection.delete(ids=list(ids))
+            self._run(lambda collection: collection.delete(ids=list(ids)))
 
     def delete_scope(self, session_id: str | None, user_id: str | None) -> None:
         """Remove every vector of a scope, page by page."""
-        delete_where(self.collection, chroma_where(session_id, user_id))
+        self._run(lambda collection: delete_where(collection, chroma_where(session_id, user_id)))
 
     def query(
         self, vector: Sequence[float], n: int, session_id: str | None, user_id: str | None
     ) -> list[tuple[str, float]]:
         """The ``n`` nearest memories of a scope (cosine space: similarity = 1 - distance)."""
-        found = self.collection.query(
-            query_embeddings=[list(vector)],
-            n_results=n,
-            where=chroma_where(session_id, user_id),
-            include=["distances"],
+        found = self._run(
+            lambda collection: collection.query(
+                query_embeddings=[list(vector)],
+                n_results=n,
+                where=chroma_where(session_id, user_id),
+                include=["distances"],
+            )
         )
         return [
             (doc_id, 1.0 - float(distance))
