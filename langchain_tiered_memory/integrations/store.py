@@ -96,7 +96,7 @@ class TieredStore(BaseStore):
             self.embeddings = ensure_embeddings(index.get("embed"))
             fields = list(index.get("fields") or ["$"])
         self.ttl_config = ttl
-        default_ttl = validate_ttl((ttl or {}).get("default_ttl"))
+        validate_ttl((ttl or {}).get("default_ttl"))
         weight = check_number("dense_weight", dense_weight, 0.0, 1.0)
         base_name = backup.tables.messages.name
         self.metadata = MetaData()
@@ -107,7 +107,6 @@ class TieredStore(BaseStore):
             fields=fields,
             embeds=self.embeddings is not None,
             dense_weight=weight,
-            default_ttl=default_ttl,
         )
         self.backup.create_all(self.metadata)
 

@@ -431,7 +431,6 @@ class StorePlanner:
         embeds: Whether puts are embedded (an ``index`` with ``embed`` was given).
         dense_weight: Weight of vector similarity against BM25 in a query's ranking,
             in [0, 1]; 1 ranks by cosine similarity alone, as ``InMemoryStore`` does.
-        default_ttl: TTL in minutes of puts that give none (``None``: no expiry).
     """
 
     def __init__(
@@ -442,14 +441,12 @@ class StorePlanner:
         fields: Sequence[str] = ("$",),
         embeds: bool = False,
         dense_weight: float = 0.6,
-        default_ttl: float | None = None,
     ) -> None:
         self.tables = tables
         self.dialect = dialect
         self.fields = [(path, tokenize_path(path) if path != "$" else path) for path in fields]
         self.embeds = embeds
         self.dense_weight = dense_weight
-        self.default_ttl = default_ttl
 
     # -- prepare ------------------------------------------------------------
 
@@ -754,7 +751,7 @@ class StorePlanner:
             ns_ids.update(found.all())
         values = []
         for op, texts in writes:
-            ttl = self.default_ttl if op.ttl is None else op.ttl
+            ttl = op.ttl  # BaseStore.put has applied the TTL config's default
             encoded = None
             if texts and self.embeds:
                 encoded = json.dumps([_encode_vector(vectors[text]) for _, text in texts])
