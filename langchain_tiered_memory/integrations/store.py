@@ -123,7 +123,10 @@ class TieredStore(BaseStore):
                 embedded = self.embeddings.embed_documents(batch.to_embed)
                 vectors = dict(zip(batch.to_embed, embedded, strict=True))
             queries = {query: self.embeddings.embed_query(query) for query in batch.queries}
-        return self.backup.run(self.planner.plan(batch, vectors, queries), **_mode(batch))
+        outcome = self.backup.run(self.planner.plan(batch, vectors, queries), **_mode(batch))
+        if outcome.refresh:
+            self.backup.run(self.planner.refresh_plan(outcome.refresh))
+        return outcome.results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Async :meth:`batch`."""
@@ -136,7 +139,11 @@ class TieredStore(BaseStore):
                 vectors = dict(zip(batch.to_embed, embedded, strict=True))
             found = await asyncio.gather(*map(self.embeddings.aembed_query, batch.queries))
             queries = dict(zip(batch.queries, found, strict=True))
-        return await self.backup.arun(self.planner.plan(batch, vectors, queries), **_mode(batch))
+        plan = self.planner.plan(batch, vectors, queries)
+        outcome = await self.backup.arun(plan, **_mode(batch))
+        if outcome.refresh:
+            await self.backup.arun(self.planner.refresh_plan(outcome.refresh))
+        return outcome.results
 
     def sweep_ttl(self) -> int:
         """Delete the items whose TTL has passed; returns how many."""
@@ -148,5 +155,5 @@ class TieredStore(BaseStore):
 
 
 def _mode(batch: PreparedBatch) -> dict[str, Any]:
-    # Reads run without a transaction; puts (and TTL refreshes) write after reading.
+    # Reads run without a transaction; puts write after reading.
     return {"write": True} if batch.writes else {"read_only": True}

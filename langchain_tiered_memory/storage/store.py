@@ -372,7 +372,6 @@ class PreparedBatch:
         texts: Per put (same order), the texts indexed for search (``None``: none).
         to_embed: The distinct texts to embed for the puts.
         queries: The distinct search queries to embed.
-        refresh: Whether a read refreshes TTLs (so the batch writes).
     """
 
     ops: list[Op]
@@ -380,12 +379,26 @@ class PreparedBatch:
     texts: list[list[tuple[str, str]] | None] = field(default_factory=list)
     to_embed: list[str] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
-    refresh: bool = False
 
     @property
     def writes(self) -> bool:
-        """Whether running the batch writes."""
-        return bool(self.puts) or self.refresh
+        """Whether running the batch writes (reads alone need no transaction)."""
+        return bool(self.puts)
+
+
+@dataclass
+class BatchOutcome:
+    """What a batch's plan returns.
+
+    Attributes:
+        results: One per op, in order.
+        refresh: The TTL refreshes its reads call for, ``{ttl_minutes: item ids}``,
+            left for :meth:`StorePlanner.refresh_plan` when the batch did not write
+            (empty when it did: they ran in its transaction).
+    """
+
+    results: list[Result]
+    refresh: dict[float, set[int]]
 
 
 @dataclass(frozen=True)
@@ -465,7 +478,6 @@ class StorePlanner:
             if isinstance(op, GetOp):
                 validate_namespace(op.namespace)
                 validate_key(op.key)
-                batch.refresh |= bool(op.refresh_ttl)
             elif isinstance(op, PutOp):
                 namespace = validate_namespace(op.namespace, allow_empty=False)
                 if namespace[0] == "langgraph":
@@ -486,7 +498,6 @@ class StorePlanner:
                     raise TypeError(f"query must be a str, got {type(op.query).__name__}")
                 if op.query and self.embeds:
                     queries[op.query] = None
-                batch.refresh |= bool(op.refresh_ttl)
             elif isinstance(op, ListNamespacesOp):
                 for condition in op.match_conditions or ():
                     validate_namespace(condition.path, wildcards=True)
@@ -544,10 +555,13 @@ class StorePlanner:
         query_vectors: Mapping[str, Sequence[float]],
         *,
         now: datetime | None = None,
-    ) -> Plan[list[Result]]:
+    ) -> Plan[BatchOutcome]:
         """The statements of ``batch``; returns its results, in the order of its ops.
 
         Reads see the store as it was before the batch's puts (as LangGraph's stores).
+        A batch of reads only returns the TTL refreshes it calls for instead of
+        writing them, so that it runs without a write lock: the caller runs
+        :meth:`refresh_plan` after it when there are any.
 
         Args:
             batch: From :meth:`prepare`.
@@ -575,9 +589,11 @@ class StorePlanner:
                 results.append((yield from self._list_plan(op, now)))
             else:
                 results.append(None)
-        yield from self._refresh_plan(refresh, now)
+        if not batch.writes:
+            return BatchOutcome(results, refresh)
+        yield from self.refresh_plan(refresh, now)
         yield from self._put_plan(batch, vectors, now)
-        return results
+        return BatchOutcome(results, {})
 
     def _live(self, now: datetime) -> Any:
         expires = self.tables.items.c.expires_at
@@ -715,7 +731,11 @@ class StorePlanner:
             kept = list({n[: op.max_depth] for n in kept})
         return sorted(kept)[op.offset : op.offset + op.limit]
 
-    def _refresh_plan(self, refresh: Mapping[float, set[int]], now: datetime) -> Plan[None]:
+    def refresh_plan(
+        self, refresh: Mapping[float, set[int]], now: datetime | None = None
+    ) -> Plan[None]:
+        """Push back the expiry of the items of ``refresh`` (``{ttl_minutes: ids}``)."""
+        now = now or utcnow()
         items = self.tables.items
         for minutes, ids in refresh.items():
             ordered = sorted(ids)
