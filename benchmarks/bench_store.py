@@ -42,6 +42,7 @@ from typing import Any
 from langgraph.store.base import BaseStore, PutOp
 from langgraph.store.memory import InMemoryStore
 
+from benchmarks.bench_hot_path import mysql_unreachable
 from benchmarks.stats import percentile
 from langchain_tiered_memory import MySQLBackup, TieredStore
 
@@ -114,20 +115,6 @@ def sqlite_store(path: Path) -> BaseStore | None:
     return store
 
 
-def mysql_reachable(url: str) -> str | None:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-        return None
-    except sa.exc.SQLAlchemyError as exc:
-        return str(exc).splitlines()[0]
-    finally:
-        engine.dispose()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=5000, help="items pre-filled per store")
@@ -163,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         results["TieredStore sqlite"] = measure(ours, opts.items, opts.ops, opts.seed)
         ours.backup.dispose()
         if use_mysql:
-            reason = mysql_reachable(mysql_url)
+            reason = mysql_unreachable(mysql_url)
             if reason:
                 notes["TieredStore mysql"] = f"MySQL unreachable: {reason}"
             else:
