@@ -75,7 +75,7 @@ from langchain_tiered_memory.core.validation import (
     nesting_depth,
 )
 from langchain_tiered_memory.storage.base import Plan, utcnow
-from langchain_tiered_memory.text.lexical import BM25Index, fuse
+from langchain_tiered_memory.text.lexical import BM25Index, fuse, tokenize
 
 T = TypeVar("T")
 
@@ -148,8 +148,9 @@ def build_store_tables(metadata: MetaData, name: str) -> StoreTables:
         Column("ns_id", BigInteger, nullable=False),
         Column("key", Text, nullable=False),
         Column("value", _long_text(), nullable=False),
-        # JSON list of the texts indexed for search; NULL: not indexed.
-        Column("texts", _long_text(), nullable=True),
+        # The BM25 tokens of the texts indexed for search, space-separated (a token never
+        # holds a space), so a query does not tokenize its candidates; NULL: not indexed.
+        Column("tokens", _long_text(), nullable=True),
         # JSON list of base64 float64 vectors, one per indexed text; NULL: none.
         Column("vectors", _long_text(), nullable=True),
         Column("created_at", _timestamp(), nullable=False),
@@ -407,7 +408,7 @@ class _Row:
     ns_path: str
     key: str
     value: str
-    texts: str | None
+    tokens: str | None
     vectors: str | None
     created_at: datetime
     updated_at: datetime
@@ -606,7 +607,7 @@ class StorePlanner:
             ns.c.path,
             items.c.key,
             items.c.value,
-            items.c.texts,
+            items.c.tokens,
             items.c.vectors,
             items.c.created_at,
             items.c.updated_at,
@@ -688,11 +689,12 @@ class StorePlanner:
         lexical: dict[str, float] = {}
         if weight < 1:
             index = BM25Index()
-            index.extend(
-                (str(position), "\n".join(text for _, text in json.loads(row.texts)))
-                for position, (row, _) in enumerate(candidates)
-                if row.texts
-            )
+            terms = set(tokenize(query))
+            for position, (row, _) in enumerate(candidates):
+                if row.tokens is not None:
+                    tokens = row.tokens.split()
+                    wanted = [token for token in tokens if token in terms]
+                    index.add_tokens(str(position), wanted, length=len(tokens))
             lexical = dict(index.search(query, len(candidates)))
         fused = fuse(dense, lexical, dense_weight=weight) if dense or lexical else []
         # Stable on store order among equal scores (fuse's order of ties is a set's).
@@ -781,7 +783,9 @@ class StorePlanner:
                     "ns_id": ns_ids[_hash(namespace_path(op.namespace))],
                     "key": op.key,
                     "value": _dump(dict(op.value or {})),
-                    "texts": None if texts is None else _dump(texts),
+                    "tokens": None
+                    if texts is None
+                    else " ".join(token for _, text in texts for token in tokenize(text)),
                     "vectors": encoded,
                     "created_at": now,
                     "updated_at": now,
@@ -793,7 +797,7 @@ class StorePlanner:
             "ns_id",
             "key",
             "value",
-            "texts",
+            "tokens",
             "vectors",
             "updated_at",
             "ttl_minutes",
