@@ -56,6 +56,7 @@ ORDER = (
     "bench_recall",
     "bench_complete",
     "bench_load",
+    "bench_store",
 )
 ZEP_MS = (87.0, 155.0)  # Zep's published retrieval p50/p95 (field notes)
 MEM0_MS = (148.0, 200.0)  # the Mem0 paper's search p50/p95

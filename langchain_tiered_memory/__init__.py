@@ -20,12 +20,13 @@ from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
 # Entry points whose modules import optional extras (langchain-classic, langchain v1,
-# langchain-text-splitters) load on first use.
+# langchain-text-splitters, langgraph) load on first use.
 _LAZY = {
     "FinishReasonHandler": "langchain_tiered_memory.integrations.finish_reason",
     "KnowledgeBase": "langchain_tiered_memory.integrations.knowledge",
     "TieredMemory": "langchain_tiered_memory.integrations.classic",
     "TieredMemoryMiddleware": "langchain_tiered_memory.integrations.middleware",
+    "TieredStore": "langchain_tiered_memory.integrations.store",
     "create_tiered_chain": "langchain_tiered_memory.integrations.chain",
 }
 
@@ -53,6 +54,7 @@ __all__ = [
     "MySQLBackup",
     "TieredMemory",
     "TieredMemoryMiddleware",
+    "TieredStore",
     "SessionFileArchive",
     "SessionInfo",
     "SessionOwnershipError",

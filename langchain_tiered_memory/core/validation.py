@@ -55,15 +55,24 @@ def validate_id(value: Any, name: str = "session_id") -> str:
         # MySQL's PAD SPACE collations compare 'x ' equal to 'x': two scopes in one.
         msg = f"{name} ends with a space; trailing spaces are not allowed in ids"
         raise ValueError(msg)
+    check_characters(value, name)
+    return value
+
+
+def check_characters(value: str, name: str, error: type[ValueError] = ValueError) -> None:
+    """Raise ``error`` if ``value`` holds a control character or a lone surrogate.
+
+    A control character hides in logs and paths; a lone surrogate cannot be stored
+    in MySQL's utf8mb4.
+    """
     for position, char in enumerate(value):
         category = unicodedata.category(char)
         if category == "Cc":
             msg = f"{name} contains the control character U+{ord(char):04X} at position {position}"
-            raise ValueError(msg)
+            raise error(msg)
         if category == "Cs":
             msg = f"{name} contains a lone surrogate U+{ord(char):04X} at position {position}"
-            raise ValueError(msg)
-    return value
+            raise error(msg)
 
 
 def validate_optional_id(value: Any, name: str = "user_id") -> str | None:

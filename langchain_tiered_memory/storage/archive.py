@@ -359,6 +359,15 @@ class MySQLBackup:
         self._guard(lambda: ensure_columns(self.engine, self.metadata.sorted_tables))
         self.run(self._lock_rows_plan())
 
+    def create_all(self, metadata: MetaData) -> None:
+        """Create the tables of ``metadata`` in the archive's database if missing (idempotent).
+
+        For stores that live beside the archive (``TieredStore``); tables made by an
+        earlier version get the nullable columns added since.
+        """
+        self._guard(lambda: metadata.create_all(self.engine, checkfirst=True))
+        self._guard(lambda: ensure_columns(self.engine, metadata.sorted_tables))
+
     def _lock_rows_plan(self) -> Plan[None]:
         locks = self.tables.locks
         existing = yield select(locks.c.name).where(locks.c.name == "claim")

@@ -81,12 +81,23 @@ class BM25Index:
 
     def add(self, doc_id: str, text: str) -> None:
         """Index one document (one that is already indexed must be removed first)."""
+        self.add_tokens(doc_id, tokenize(text))
+
+    def add_tokens(self, doc_id: str, tokens: list[str], length: int | None = None) -> None:
+        """Index one document given as its :func:`tokenize` tokens (kept from an earlier call).
+
+        Args:
+            doc_id: The document's id.
+            tokens: Its tokens; for an index built for one query, only the query's terms
+                need be given (the others never score), with the document's ``length``.
+            length: The document's number of tokens (default ``len(tokens)``).
+        """
         index = len(self.ids)
-        tokens = tokenize(text)
+        size = len(tokens) if length is None else length
         self.ids.append(doc_id)
         self._where[doc_id] = index
-        self.lengths.append(len(tokens))
-        self.total_length += len(tokens)
+        self.lengths.append(size)
+        self.total_length += size
         for term, count in Counter(tokens).items():
             posting = self.postings.get(term)
             if posting is None:

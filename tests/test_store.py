@@ -1,0 +1,301 @@
+"""TieredStore on both databases: hybrid CJK search, TTL, hostile input, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
+from sqlalchemy import select
+
+from langchain_tiered_memory import MySQLBackup, TieredStore
+from langchain_tiered_memory.integrations.store import InvalidFilterError, InvalidKeyError
+
+from .fakes import HashEmbeddings
+
+MEMORIES = {
+    "tea": {"text": "用户喜欢喝乌龙茶，不加糖", "kind": "preference"},
+    "ar": {"text": "AR 表结构: ar_invoice 存放应收账款发票", "kind": "schema"},
+    "cat": {"text": "My cat is called Miso and she is 7 years old", "kind": "fact"},
+    "ledger": {"text": "The general ledger closes on the 5th of each month", "kind": "fact"},
+}
+
+
+@pytest.fixture
+def store(backup: MySQLBackup) -> Iterator[TieredStore]:
+    tiered = TieredStore(backup)
+    yield tiered
+    tiered.metadata.drop_all(backup.engine)
+
+
+@pytest.fixture
+def hybrid(backup: MySQLBackup) -> Iterator[TieredStore]:
+    tiered = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
+    yield tiered
+    tiered.metadata.drop_all(backup.engine)
+
+
+def fill(store: TieredStore, user: str = "u1") -> None:
+    for key, value in MEMORIES.items():
+        store.put(("users", user, "memories"), key, value)
+
+
+def keys(items: list[Any]) -> list[str]:
+    return [item.key for item in items]
+
+
+# -- search: BM25 without an embedding, hybrid with one --------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "best"),
+    [("乌龙茶", "tea"), ("应收账款", "ar"), ("what is my cat called", "cat"), ("ledger", "ledger")],
+)
+def test_a_query_ranks_the_matching_memory_first(store: TieredStore, query: str, best: str) -> None:
+    fill(store)
+    fill(store, "u2")  # another user's memories are outside the prefix
+
+    hits = store.search(("users", "u1"), query=query, limit=10)
+
+    assert keys(hits)[0] == best
+    assert hits[0].score is not None and hits[0].score > 0
+    assert {hit.namespace for hit in hits} == {("users", "u1", "memories")}
+    # What does not match follows, unscored, in store order, so a page is still full.
+    assert [hit.score for hit in hits[1:]] == [None] * (len(MEMORIES) - 1)
+    assert keys(hits[1:]) == [key for key in MEMORIES if key != best]
+
+
+def test_hybrid_search_blends_vectors_with_bm25(hybrid: TieredStore) -> None:
+    fill(hybrid)
+
+    hits = hybrid.search(("users",), query="乌龙茶 不加糖", limit=2)
+
+    assert keys(hits)[0] == "tea"
+    assert all(hit.score is not None for hit in hits)  # every indexed item has a vector
+    assert hits[0].score >= hits[1].score  # type: ignore[operator]
+
+
+def test_a_query_respects_the_filter_and_the_page(store: TieredStore) -> None:
+    fill(store)
+
+    facts = store.search(("users",), query="cat ledger", filter={"kind": "fact"}, limit=10)
+    second = store.search(("users",), query="cat ledger", filter={"kind": "fact"}, offset=1)
+
+    assert sorted(keys(facts)) == ["cat", "ledger"]
+    assert keys(second) == keys(facts)[1:]
+
+
+async def test_async_and_sync_see_the_same_store(hybrid: TieredStore) -> None:
+    try:
+        await hybrid.aput(("docs",), "d1", {"text": "应收账款 ar_invoice"})
+        await hybrid.aput(("docs",), "d2", {"text": "tea ceremony"})
+        sync_hits = hybrid.search(("docs",), query="ar_invoice")
+        async_hits = await hybrid.asearch(("docs",), query="ar_invoice")
+        assert [(h.key, h.score) for h in sync_hits] == [(h.key, h.score) for h in async_hits]
+        assert sync_hits[0].key == "d1"
+        assert (await hybrid.aget(("docs",), "d2")).value == {"text": "tea ceremony"}  # type: ignore[union-attr]
+        assert await hybrid.alist_namespaces() == [("docs",)]
+    finally:
+        await hybrid.backup.adispose()
+
+
+# -- a batch: one transaction, reads before writes --------------------------------
+
+
+def test_a_batch_reads_before_it_writes_and_the_last_put_wins(store: TieredStore) -> None:
+    results = store.batch(
+        [
+            PutOp(("n",), "k", {"v": 1}),
+            GetOp(("n",), "k"),
+            PutOp(("n",), "k", {"v": 2}),
+            SearchOp(("n",)),
+        ]
+    )
+
+    assert results == [None, None, None, []]  # as LangGraph's stores: reads see the old state
+    assert store.get(("n",), "k").value == {"v": 2}  # type: ignore[union-attr]
+
+
+def test_an_update_keeps_created_at_and_its_place(store: TieredStore) -> None:
+    store.put(("n",), "a", {"v": 1})
+    store.put(("n",), "b", {"v": 1})
+    first = store.get(("n",), "a")
+    time.sleep(0.01)
+    store.put(("n",), "a", {"v": 2})
+    again = store.get(("n",), "a")
+
+    assert first is not None and again is not None
+    assert again.created_at == first.created_at < again.updated_at
+    assert keys(store.search(("n",))) == ["a", "b"]
+
+
+# -- TTL -----------------------------------------------------------------------
+
+
+def _expiry(store: TieredStore, key: str) -> Any:
+    items = store.tables.items
+    with store.backup.engine.connect() as conn:
+        return conn.execute(select(items.c.expires_at).where(items.c.key == key)).scalar_one()
+
+
+def test_expired_items_are_never_returned_and_sweep_deletes_them(store: TieredStore) -> None:
+    store.put(("t", "u"), "short", {"v": 1}, ttl=0.001)  # 60 ms
+    store.put(("t", "u"), "long", {"v": 2}, ttl=60)
+    store.put(("t", "gone"), "short", {"v": 3}, ttl=0.001)
+    time.sleep(0.3)
+
+    assert store.get(("t", "u"), "short") is None
+    assert keys(store.search(("t",))) == ["long"]
+    assert store.list_namespaces() == [("t", "u")]
+    assert store.sweep_ttl() == 2
+    assert store.sweep_ttl() == 0
+    assert store.get(("t", "u"), "long") is not None
+
+
+def test_reads_refresh_the_ttl_unless_told_not_to(store: TieredStore) -> None:
+    store.put(("t",), "k", {"v": 1}, ttl=5)
+    first = _expiry(store, "k")
+    time.sleep(0.02)
+    store.get(("t",), "k", refresh_ttl=False)
+    assert _expiry(store, "k") == first
+    store.get(("t",), "k")
+    refreshed = _expiry(store, "k")
+    assert refreshed > first
+    time.sleep(0.02)
+    store.search(("t",))
+    assert _expiry(store, "k") > refreshed
+
+
+def test_the_ttl_config_sets_the_default_and_the_refresh(backup: MySQLBackup) -> None:
+    store = TieredStore(backup, ttl={"default_ttl": 5, "refresh_on_read": False})
+    try:
+        store.put(("t",), "k", {"v": 1})
+        store.put(("t",), "forever", {"v": 1}, ttl=None)
+        first = _expiry(store, "k")
+        time.sleep(0.02)
+        store.get(("t",), "k")
+        assert first is not None and _expiry(store, "k") == first
+        assert _expiry(store, "forever") is None
+    finally:
+        store.metadata.drop_all(backup.engine)
+
+
+# -- hostile input ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    [("a.b",), ("",), ("a", 1), ("ok", "tab\there"), ("lone\ud800",), ("x" * 600,), "users"],
+)
+def test_a_bad_namespace_is_refused_and_nothing_is_stored(
+    store: TieredStore, namespace: Any
+) -> None:
+    with pytest.raises(InvalidNamespaceError):
+        store.batch([PutOp(("fine",), "k", {"v": 1}), PutOp(namespace, "k", {"v": 1})])
+    with pytest.raises(InvalidNamespaceError):
+        store.search(namespace)
+    assert store.get(("fine",), "k") is None  # the whole batch was refused
+
+
+def test_reserved_and_empty_namespaces_are_refused_for_puts(store: TieredStore) -> None:
+    for namespace in [("langgraph", "x"), ()]:
+        with pytest.raises(InvalidNamespaceError):
+            store.batch([PutOp(namespace, "k", {"v": 1})])
+
+
+@pytest.mark.parametrize("key", ["", 7, "k" * 2000, "nul\x00", None])
+def test_a_bad_key_is_refused(store: TieredStore, key: Any) -> None:
+    with pytest.raises((InvalidKeyError, TypeError)):
+        store.batch([PutOp(("n",), key, {"v": 1})])
+    with pytest.raises(InvalidKeyError):
+        store.batch([GetOp(("n",), key)])
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(["not", "a", "dict"], TypeError), ({"x": object()}, TypeError), ({"x": {1, 2}}, TypeError)],
+)
+def test_a_bad_value_is_refused(store: TieredStore, value: Any, error: type) -> None:
+    with pytest.raises(error):
+        store.put(("n",), "k", value)
+
+
+def test_bad_filters_pages_and_ttls_are_refused(store: TieredStore) -> None:
+    with pytest.raises(InvalidFilterError, match=r"\$regex"):
+        store.search(("n",), filter={"name": {"$regex": ".*"}})
+    with pytest.raises(ValueError, match="limit"):
+        store.search(("n",), limit=-1)
+    with pytest.raises(ValueError, match="offset"):
+        store.search(("n",), offset=-5)
+    with pytest.raises(ValueError, match="ttl"):
+        store.put(("n",), "k", {"v": 1}, ttl=-1)
+    with pytest.raises(ValueError, match="max_depth"):
+        store.list_namespaces(max_depth=0)
+
+
+def test_lookalike_keys_and_labels_stay_apart(store: TieredStore) -> None:
+    # MySQL's PAD SPACE collations would merge "k" and "k "; LIKE would read % and _.
+    store.put(("a",), "k", {"v": "plain"})
+    store.put(("a",), "k ", {"v": "space"})
+    store.put(("a",), "K", {"v": "upper"})
+    store.put(("a_",), "k", {"v": "underscore"})
+    store.put(("a%",), "k", {"v": "percent"})
+    store.put(("ab",), "k", {"v": "ab"})
+    store.put(("a ",), "k", {"v": "label space"})
+
+    assert store.get(("a",), "k").value == {"v": "plain"}  # type: ignore[union-attr]
+    assert store.get(("a",), "k ").value == {"v": "space"}  # type: ignore[union-attr]
+    assert store.get(("a",), "K").value == {"v": "upper"}  # type: ignore[union-attr]
+    assert [hit.value["v"] for hit in store.search(("a",))] == ["plain", "space", "upper"]
+    assert store.get(("a ",), "k").value == {"v": "label space"}  # type: ignore[union-attr]
+    assert store.list_namespaces(prefix=("a",)) == [("a",)]
+    assert len(store.list_namespaces()) == 5
+
+
+def test_values_round_trip_exactly(store: TieredStore) -> None:
+    value = {
+        "text": "应收账款 😀 and a lone \ud800 surrogate",
+        "nested": {"list": [1, 2.5, None, True, {"deep": ["x"]}]},
+        "empty": {},
+    }
+    store.put(("n",), "k", value)
+
+    assert store.get(("n",), "k").value == value  # type: ignore[union-attr]
+
+
+# -- the archive's database, across processes' views -------------------------------
+
+
+def test_items_persist_for_a_new_store_on_the_same_database(
+    backend_url: str, table_name: str
+) -> None:
+    first = TieredStore(backend_url, table_name=table_name)
+    try:
+        first.put(("users", "u1"), "k", {"text": "persisted 持久"})
+        first.backup.dispose()
+        second = TieredStore(backend_url, table_name=table_name)
+        assert second.get(("users", "u1"), "k").value == {"text": "persisted 持久"}  # type: ignore[union-attr]
+        assert keys(second.search(("users",), query="持久")) == ["k"]
+        second.backup.dispose()
+    finally:
+        first.metadata.drop_all(first.backup.engine)
+        first.backup.metadata.drop_all(first.backup.engine)
+        first.backup.dispose()
+
+
+def test_concurrent_async_puts_all_land(store: TieredStore) -> None:
+    async def main() -> None:
+        try:
+            await asyncio.gather(
+                *(store.aput(("c", str(i % 3)), f"k{i}", {"i": i}) for i in range(30))
+            )
+        finally:
+            await store.backup.adispose()
+
+    asyncio.run(main())
+
+    assert len(store.search(("c",), limit=100)) == 30
+    assert store.list_namespaces() == [("c", "0"), ("c", "1"), ("c", "2")]
