@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 LINTED := langchain_tiered_memory tests benchmarks examples notebooks
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench dist clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +36,10 @@ test: $(VENV)/.test
 bench: $(VENV)/.test
 	$(PY) -m benchmarks --eval-dir ../shared/eval
 
+# The wheel and sdist in dist/, built with the venv's setuptools (nothing downloaded).
+dist: $(VENV)/.test
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) .tiered_memory
+	rm -rf $(VENV) .tiered_memory dist build
