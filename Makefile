@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 LINTED := langchain_tiered_memory tests benchmarks examples notebooks
 
-.PHONY: demo test lint bench dist clean
+.PHONY: demo test lint bench notebooks dist clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(PY) -m benchmarks --eval-dir ../shared/eval
+
+# Executes every notebook offline and stores it with its outputs (notebooks/execute.py).
+notebooks: $(VENV)/.test
+	$(PY) notebooks/execute.py
 
 # The wheel and sdist in dist/, built with the venv's setuptools (nothing downloaded).
 dist: $(VENV)/.test
