@@ -3,9 +3,9 @@
 Each notebook runs top to bottom in a kernel of *this* interpreter (a kernelspec written for
 it, whatever Jupyter kernels the machine has), in a temporary working folder holding a copy
 of ``notebooks/data``, with no LLM reachable (``OPENAI_API_KEY`` unset, ``OLLAMA_HOST`` on a
-closed port) and the embedding models offline. Outputs are kept without execution times so
-that a run on another day changes only what was measured. ``tests/test_notebooks.py``
-executes them the same way, through :func:`execute`.
+closed port) and the embedding models offline. Outputs are kept without execution times and
+with each cell's stream in one piece, so that a run on another day changes only what was
+measured. ``tests/test_notebooks.py`` executes them the same way, through :func:`execute`.
 
 Before running, ``data/bench_results.json`` (what notebook 05 plots) is refreshed from
 ``benchmarks/results/latest.json`` when that full run exists.
@@ -82,6 +82,7 @@ def execute(path: Path, specs: KernelSpecManager, work: Path) -> Any:
         timeout=CELL_TIMEOUT,
         allow_errors=False,
         record_timing=False,  # no execution times in the stored notebook
+        coalesce_streams=True,  # one stdout output per cell, however the kernel flushed it
         shutdown_kernel="immediate",
         resources={"metadata": {"path": str(work)}},  # the kernel's working folder
     )
