@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 LINTED := langchain_tiered_memory tests benchmarks examples notebooks
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench notebooks dist clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +36,14 @@ test: $(VENV)/.test
 bench: $(VENV)/.test
 	$(PY) -m benchmarks --eval-dir ../shared/eval
 
+# Executes every notebook offline and stores it with its outputs (notebooks/execute.py).
+notebooks: $(VENV)/.test
+	$(PY) notebooks/execute.py
+
+# The wheel and sdist in dist/, built with the venv's setuptools (nothing downloaded).
+dist: $(VENV)/.test
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) .tiered_memory
+	rm -rf $(VENV) .tiered_memory dist build

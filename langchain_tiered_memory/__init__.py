@@ -19,6 +19,9 @@ from langchain_tiered_memory.tiers.compression import ContextCompressor, Context
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
+# The one place the version is written: pyproject.toml reads it (setuptools dynamic).
+__version__ = "0.1.0"
+
 # Entry points whose modules import optional extras (langchain-classic, langchain v1,
 # langchain-text-splitters, langgraph) load on first use.
 _LAZY = {
