@@ -114,6 +114,8 @@ def check_quickstart(run: Run) -> None:
     assert "raw-turn extractor and a scripted model" in out
     # The agent answered every question of thread 1.
     assert "bot:  You are welcome. Until tomorrow!" in out
+    # The agent's TieredStore finds the Chinese preference first.
+    assert "store: currency: 金额用人民币（CNY）显示，保留两位小数 (score" in out
     # A new process reads the agent's session back: the window is the last two turns...
     restarted = out.split("in a new process:\n", 1)[1]
     window = restarted.split("4 messages in the window:\n", 1)[1].splitlines()[:4]
