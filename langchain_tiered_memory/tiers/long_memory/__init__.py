@@ -440,21 +440,9 @@ class ChromaLongMemory(ExtractionWorker):
                 logger.debug("deleting the damaged collection failed: %s", exc)
             self._collection = None
 
-            def write(
-                ids: Sequence[str],
-                vectors: Sequence[Sequence[float]],
-                texts: Sequence[str],
-                metadatas: Sequence[dict[str, Any]],
-            ) -> None:
-                # The new collection directly: a second failure is raised, not repaired.
-                self.collection.upsert(
-                    ids=list(ids),
-                    embeddings=list(vectors),
-                    documents=list(texts),
-                    metadatas=list(metadatas),
-                )
-
-            done = self._fill_index(write, reuse_vectors=True, progress=False)
+            # The new collection without a repair hook: a second failure is raised.
+            fresh = ChromaVectorIndex(lambda: self.collection)
+            done = self._fill_index(fresh.upsert, reuse_vectors=True, progress=False)
             logger.warning(
                 "rebuilt the Chroma collection %r: %d memories", self._collection_name, done
             )
@@ -475,10 +463,11 @@ class ChromaLongMemory(ExtractionWorker):
                     from_bytes(row.vector) if reuse_vectors and row.vector else None for row in rows
                 ]
                 missing = [row for row, vector in zip(rows, kept, strict=True) if vector is None]
-                fresh = iter(
+                embedded = (
                     self.embedding.embed_documents([row.text for row in missing]) if missing else []
                 )
-                vectors = [next(fresh) if vector is None else vector for vector in kept]
+                new = iter(embedded)
+                vectors = [next(new) if vector is None else vector for vector in kept]
                 write(
                     [row.id for row in rows],
                     vectors,
@@ -486,11 +475,7 @@ class ChromaLongMemory(ExtractionWorker):
                     [row_metadata(row) for row in rows],
                 )
                 if missing:
-                    self.backup.run(
-                        catalog.vectors_plan(
-                            missing, [v for v, k in zip(vectors, kept, strict=True) if k is None]
-                        )
-                    )
+                    self.backup.run(catalog.vectors_plan(missing, embedded))
                 after = rows[-1].seq
                 done += len(rows)
                 bar.update(len(rows))
