@@ -143,8 +143,15 @@ class PrivateMariaDB:
         if self.process is not None and self.process.poll() is not None:
             msg = f"mariadbd exited with {self.process.returncode}"
             raise RuntimeError(msg)
-        with self._connect():
-            return True
+        # Ours, not another server that took the free port first (ours then fails to
+        # bind and exits, after this ping could have reached the other one).
+        with self._connect() as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT @@pid_file")
+            (pid_file,) = cursor.fetchone()
+        if pid_file != str(self.base / "mariadbd.pid"):
+            msg = f"port {self.port} answers for another server ({pid_file})"
+            raise RuntimeError(msg)
+        return True
 
     def _end(self, sig: int, timeout: float) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -356,14 +356,16 @@ def test_flush_does_not_count_the_model_load(
 
     def flush() -> None:
         try:
-            memory.flush(timeout=1.0)
+            # Room for the job itself on a loaded machine (a MySQL commit and a Chroma
+            # upsert), but less than the load below takes.
+            memory.flush(timeout=5.0)
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
 
     flusher = threading.Thread(target=flush)
     flusher.start()
-    time.sleep(1.5)  # the model takes longer to load than flush's whole budget
+    time.sleep(6.0)  # the model takes longer to load than flush's whole budget
     slow.release.set()
     flusher.join(60)
     assert outcome == [None]
