@@ -494,3 +494,40 @@ async def test_a_driver_error_that_sqlalchemy_does_not_wrap_is_archive_unavailab
         await backup.adispose()
         backup.metadata.drop_all(backup.engine)
         backup.dispose()
+
+
+def test_a_plan_that_writes_after_reading_must_declare_it(backup: MySQLBackup) -> None:
+    """A read-then-write plan run as a reader is refused before it writes, on both drivers.
+
+    On SQLite it would fail with "database is locked" only when another writer
+    slipped in between (a race); refusing it every time finds it in any test.
+    """
+    import asyncio
+
+    from langchain_tiered_memory.storage.base import Plan, UndeclaredWriteError
+
+    backup.add_messages("s", [HumanMessage("hi")])
+    locks = backup.tables.locks
+
+    def plan() -> Plan[None]:
+        yield sa.select(locks.c.name)
+        yield sa.insert(locks).values(name="extra")
+
+    def names() -> Plan[set[str]]:
+        rows = yield sa.select(locks.c.name)
+        return {row.name for row in rows}
+
+    with pytest.raises(UndeclaredWriteError, match="write=True"):
+        backup.run(plan())
+
+    async def run_async() -> None:
+        try:
+            with pytest.raises(UndeclaredWriteError, match="write=True"):
+                await backup.arun(plan())
+        finally:
+            await backup.adispose()
+
+    asyncio.run(run_async())
+    assert "extra" not in backup.run(names(), read_only=True)
+    backup.run(plan(), write=True)
+    assert "extra" in backup.run(names(), read_only=True)

@@ -128,3 +128,39 @@ def test_the_check_sees_a_separated_tool_call(
     messages: list[BaseMessage], broken: list[str]
 ) -> None:
     assert _unanswered(messages) == broken
+
+
+def test_creating_tables_beside_a_busy_writer_waits_instead_of_failing(tmp_path: Path) -> None:
+    """A store's tables are created while another thread archives (the README's Quickstart).
+
+    SQLite fails a deferred transaction that read before another connection wrote
+    ("database is locked", with no wait); creating tables must wait for the writer.
+    """
+    import threading
+
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    backup = MySQLBackup(f"sqlite:///{tmp_path / 'busy.db'}")
+    stop = threading.Event()
+    written: list[int] = []
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            backup.add_messages("busy", [AIMessage(f"reply {n}")], user_id=USER)
+            written.append(n)
+            n += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for n in range(15):
+            metadata = MetaData()
+            Table(f"beside_{n}", metadata, Column("id", Integer, primary_key=True))
+            backup.create_all(metadata)
+            MySQLBackup(backup.engine).create_tables()
+    finally:
+        stop.set()
+        writer.join()
+    assert written and len(backup.history("busy", limit=len(written) + 1)) == len(written)
+    backup.dispose()

@@ -237,25 +237,27 @@ def default_home() -> Path:
     return Path(os.environ.get("TIERED_MEMORY_HOME") or ".tiered_memory")
 
 
-def _run_sync(engine: Engine, plan: Plan[T], options: dict[str, Any], read_only: bool) -> T:
+def _run_sync(
+    engine: Engine, plan: Plan[T], options: dict[str, Any], read_only: bool, write: bool
+) -> T:
     with engine.connect() as conn:
         conn.execution_options(**options)
         if read_only:  # no BEGIN/COMMIT round trips; the pool rolls back on return
-            return drive(plan, conn.execute)
+            return drive(plan, conn.execute, write=False)
         with conn.begin():
-            return drive(plan, conn.execute)
+            return drive(plan, conn.execute, write=write)
 
 
 async def _run_async(
-    engine: AsyncEngine, plan: Plan[T], options: dict[str, Any], read_only: bool
+    engine: AsyncEngine, plan: Plan[T], options: dict[str, Any], read_only: bool, write: bool
 ) -> T:
     async with engine.connect() as conn:
         try:
             await conn.execution_options(**options)
             if read_only:
-                return await adrive(plan, conn)
+                return await adrive(plan, conn, write=False)
             async with conn.begin():
-                return await adrive(plan, conn)
+                return await adrive(plan, conn, write=write)
         except asyncio.CancelledError:
             # Cut off mid-conversation (the deadline, or the caller): the server's
             # reply may still arrive, so the connection is discarded, never pooled.
@@ -355,9 +357,8 @@ class MySQLBackup:
 
         Tables made by an earlier version get the nullable columns added since.
         """
-        self._guard(lambda: self.metadata.create_all(self.engine, checkfirst=True))
-        self._guard(lambda: ensure_columns(self.engine, self.metadata.sorted_tables))
-        self.run(self._lock_rows_plan())
+        self.create_all(self.metadata)
+        self.run(self._lock_rows_plan(), write=True)
 
     def create_all(self, metadata: MetaData) -> None:
         """Create the tables of ``metadata`` in the archive's database if missing (idempotent).
@@ -365,8 +366,13 @@ class MySQLBackup:
         For stores that live beside the archive (``TieredStore``); tables made by an
         earlier version get the nullable columns added since.
         """
-        self._guard(lambda: metadata.create_all(self.engine, checkfirst=True))
-        self._guard(lambda: ensure_columns(self.engine, metadata.sorted_tables))
+        # Checking for a table reads, then creating it writes: on SQLite that must
+        # hold the write lock from the start, as every read-then-write plan does.
+        engine = self.engine
+        if self.dialect == "sqlite":
+            engine = engine.execution_options(**self._options(write=True, read_only=False))
+        self._guard(lambda: metadata.create_all(engine, checkfirst=True))
+        self._guard(lambda: ensure_columns(engine, metadata.sorted_tables))
 
     def _lock_rows_plan(self) -> Plan[None]:
         locks = self.tables.locks
@@ -408,11 +414,12 @@ class MySQLBackup:
         Args:
             plan: A generator of statements (see the module docstring).
             write: The plan reads, then writes on what it read: take the write lock
-                up front on SQLite, read committed data on MySQL.
+                up front on SQLite, read committed data on MySQL. A plan that
+                writes after reading without it raises ``UndeclaredWriteError``.
             read_only: The plan only reads: no explicit transaction.
         """
         options = self._options(write, read_only)
-        return self._guard(lambda: _run_sync(self.engine, plan, options, read_only))
+        return self._guard(lambda: _run_sync(self.engine, plan, options, read_only, write))
 
     async def arun(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
         """Run a plan in one transaction on this loop's async engine.
@@ -427,7 +434,7 @@ class MySQLBackup:
         engine = self.async_engine()
         try:
             async with deadline:
-                return await _run_async(engine, plan, options, read_only)
+                return await _run_async(engine, plan, options, read_only, write)
         except _database_errors(engine.sync_engine) as exc:
             raise self._unavailable(exc) from exc
         except TimeoutError as exc:

@@ -37,22 +37,56 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def drive(plan: Plan[T], execute: Callable[[Executable], Any]) -> T:
-    """Run ``plan`` to its end, sending each statement to ``execute``."""
+class UndeclaredWriteError(RuntimeError):
+    """A plan wrote after reading without being run with ``write=True``.
+
+    SQLite cannot turn a read transaction into a write one when another
+    connection wrote meanwhile ("database is locked", at once, with no wait);
+    MySQL would write on a stale read. Such a plan must declare itself a writer.
+    """
+
+
+class _Declared:
+    """Refuses a write that follows a read in a transaction not declared a writer."""
+
+    def __init__(self, write: bool) -> None:
+        self.write = write
+        self.read = False
+
+    def __call__(self, statement: Executable) -> Executable:
+        if not self.write:
+            if getattr(statement, "is_dml", False) and self.read:
+                msg = f"the plan wrote after reading; run it with write=True: {statement}"
+                raise UndeclaredWriteError(msg)
+            self.read = self.read or bool(getattr(statement, "is_select", False))
+        return statement
+
+
+def drive(plan: Plan[T], execute: Callable[[Executable], Any], *, write: bool = True) -> T:
+    """Run ``plan`` to its end, sending each statement to ``execute``.
+
+    Args:
+        plan: The plan.
+        execute: Runs one statement and returns its result.
+        write: The transaction was opened as a writer; if not, a write after a
+            read raises :class:`UndeclaredWriteError`.
+    """
+    check = _Declared(write)
     try:
         statement = next(plan)
         while True:
-            statement = plan.send(execute(statement))
+            statement = plan.send(execute(check(statement)))
     except StopIteration as stop:
         return stop.value
 
 
-async def adrive(plan: Plan[T], conn: Any) -> T:
-    """Run ``plan`` to its end on an async connection."""
+async def adrive(plan: Plan[T], conn: Any, *, write: bool = True) -> T:
+    """Run ``plan`` to its end on an async connection (see :func:`drive`)."""
+    check = _Declared(write)
     try:
         statement = next(plan)
         while True:
-            statement = plan.send(await conn.execute(statement))
+            statement = plan.send(await conn.execute(check(statement)))
     except StopIteration as stop:
         return stop.value
 
