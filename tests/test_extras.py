@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,7 +20,8 @@ import pytest
 import langchain_tiered_memory
 from langchain_tiered_memory.core.extras import EXTRAS, MissingExtraError, import_extra
 
-ROOT = Path(__file__).resolve().parents[1]
+from .scripts import ROOT, run_python
+
 PACKAGE = ROOT / "langchain_tiered_memory"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -51,18 +50,9 @@ print("OUTCOME " + json.dumps(outcome))
 def run_without(blocked: list[str], body: str, tmp_path: Path) -> dict[str, object]:
     """Run ``body`` in a new interpreter in which ``blocked`` modules are missing."""
     code = RUN.format(blocked=blocked, body=textwrap.indent(textwrap.dedent(body), "    "))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIERED_MEMORY_HOME": str(tmp_path / "home")}
-    env.pop("TIERED_MEMORY_URL", None)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_python(code, tmp_path)
     lines = [line for line in done.stdout.splitlines() if line.startswith("OUTCOME ")]
-    assert done.returncode == 0 and lines, done.stdout + done.stderr
+    assert lines, done.stdout + done.stderr
     return json.loads(lines[-1].removeprefix("OUTCOME "))
 
 

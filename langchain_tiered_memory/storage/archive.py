@@ -52,6 +52,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from langchain_tiered_memory.core.lifecycle import Lifecycle
 from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -324,7 +325,7 @@ def _encode(message: BaseMessage) -> list[str]:
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
 
 
-class MySQLBackup:
+class MySQLBackup(Lifecycle):
     """Append-only archive of every chat message, in MySQL or SQLite.
 
     Each message is stored with ``message_to_dict`` (tool calls, ids,
@@ -357,9 +358,10 @@ class MySQLBackup:
     Example:
         .. code-block:: python
 
-            backup = MySQLBackup("mysql+pymysql://app:secret@db:3306/chat")
-            backup.add_messages("s1", [HumanMessage("hi"), AIMessage("hello")])
-            backup.history("s1", limit=50)
+            with MySQLBackup("mysql+pymysql://app:secret@db:3306/chat") as backup:
+                backup.add_messages("s1", [HumanMessage("hi"), AIMessage("hello")])
+                backup.history("s1", limit=50)
+            # the pooled connections are closed (``async with`` closes the loop's too)
 
     """
 
@@ -1238,6 +1240,18 @@ class MySQLBackup:
     def dispose(self) -> None:
         """Close the sync engine's pooled connections."""
         self.engine.dispose()
+
+    def shutdown(self) -> None:
+        """Close the pooled connections (what leaving a ``with`` block does).
+
+        The archive stays usable: a later call connects again.
+        """
+        self.dispose()
+
+    async def ashutdown(self) -> None:
+        """Close the running loop's async connections, then the sync ones."""
+        await self.adispose()
+        self.dispose()
 
     async def adispose(self) -> None:
         """Close the running loop's async engine and its pooled connections."""
