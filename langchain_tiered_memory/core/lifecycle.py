@@ -111,8 +111,9 @@ def forget_at_exit(tier: Drainable) -> None:
 def drain_live() -> None:
     """Shut down every live tier, within the largest of their bounds in all.
 
-    Runs at interpreter exit (``atexit``); callable directly. A tier that fails to
-    shut down (its database is gone) is logged and the others still run.
+    Runs at interpreter exit, among the thread-exit hooks (before the standard
+    thread pools stop); callable directly. A tier that fails to shut down (its
+    database is gone) is logged and the others still run.
     """
     with _live_lock:
         tiers = list(_live)
