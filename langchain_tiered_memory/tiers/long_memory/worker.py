@@ -27,6 +27,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 
+from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import Prompts
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.storage.archive import ArchiveUnavailableError
@@ -253,6 +254,8 @@ class ExtractionWorker(QueueWorker):
         poll_interval: Seconds between queue polls when idle.
         batch_size: Jobs claimed per round.
         start: Start the worker thread now.
+        drain_timeout: Seconds :meth:`shutdown` (a ``with`` block's end, the
+            interpreter's exit) may spend on queued jobs.
     """
 
     warm_up_label = "the embedding model"
@@ -274,6 +277,7 @@ class ExtractionWorker(QueueWorker):
         poll_interval: float,
         batch_size: int,
         start: bool,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.catalog = catalog
         self.backup = catalog.backup
@@ -286,7 +290,13 @@ class ExtractionWorker(QueueWorker):
         self.extract_timeout = extract_timeout
         self.retry_base_delay = retry_base_delay
         self.idle_seconds = idle_seconds
-        super().__init__(queue, poll_interval=poll_interval, batch_size=batch_size, start=start)
+        super().__init__(
+            queue,
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+            start=start,
+            drain_timeout=drain_timeout,
+        )
 
     def _warm_up(self) -> None:
         """Load the embedding model in the worker thread, before its first job."""
