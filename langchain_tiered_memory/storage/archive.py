@@ -997,12 +997,12 @@ class MySQLBackup(Lifecycle):
                 theirs.
         """
         plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
-        return self.run(plan)
+        return self.run(plan, write=True)
 
     async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
         """Async :meth:`clear`."""
         plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
-        return await self.arun(plan)
+        return await self.arun(plan, write=True)
 
     def on_forget(self, hook: ForgetHook) -> None:
         """Register a cleanup for :meth:`forget` in this process only.
