@@ -9,7 +9,7 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 
-from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER
+from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER, memory_line
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_optional_int,
@@ -101,9 +101,7 @@ def format_memory_context(consolidated: str, memories: Sequence[Document]) -> st
     if consolidated.strip():
         parts.append(f"{CONSOLIDATED_HEADER}\n{consolidated.strip()}")
     if memories:
-        # A raw-turn memory spans lines ("User: ...", "AI: ..."): indent them under
-        # their bullet so one memory stays one item.
-        items = ["- " + doc.page_content.strip().replace("\n", "\n  ") for doc in memories]
+        items = [memory_line(doc) for doc in memories]
         parts.append(MEMORIES_HEADER + "\n" + "\n".join(items))
     return "\n\n".join(parts)
 
