@@ -179,6 +179,8 @@ async def test_asearch_and_the_retriever_take_the_same_window(meetings: ChromaLo
     retriever = meetings.as_retriever(user_id="u1", scope="user", until="2023-05-08")
     assert days(retriever.invoke("warehouse budget")) == ["2023-05-08"]
     assert days(await retriever.ainvoke("warehouse budget", since="2023-05-01")) == ["2023-05-08"]
+    chat = history(meetings.backup, meetings, "meeting-2")
+    assert days(chat.search_memories("budget", scope="user", since="2023-06-01")) == ["2023-06-09"]
     assert days(retriever.invoke("warehouse budget", until="2023-06-30")) == [
         "2023-05-08",
         "2023-05-25",

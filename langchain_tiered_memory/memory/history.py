@@ -310,9 +310,18 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         return self.consolidator.memory(self.session_id, user_id=self.user_id)
 
     def search_memories(
-        self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"
+        self,
+        query: str,
+        k: int = 10,
+        scope: Literal["session", "user"] = "session",
+        *,
+        since: Any = None,
+        until: Any = None,
     ) -> list[Document]:
         """Long-term memories of this session (or, with ``scope="user"``, its user).
+
+        ``since``/``until`` keep the memories whose turn happened in that window
+        (see :meth:`ChromaLongMemory.search`).
 
         Raises:
             ValueError: If no ``long_memory`` was given, or ``scope="user"`` without
@@ -324,7 +333,13 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             raise ValueError(msg)
         self.check_owner()
         return self.long_memory.search(
-            query, session_id=self.session_id, user_id=self.user_id, scope=scope, k=k
+            query,
+            session_id=self.session_id,
+            user_id=self.user_id,
+            scope=scope,
+            k=k,
+            since=since,
+            until=until,
         )
 
     def clear(self) -> None:
