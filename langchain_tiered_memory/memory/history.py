@@ -11,7 +11,7 @@ from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 
 from langchain_tiered_memory.core.lifecycle import Drainable, Lifecycle
-from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER
+from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER, memory_line
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_optional_int,
@@ -103,9 +103,7 @@ def format_memory_context(consolidated: str, memories: Sequence[Document]) -> st
     if consolidated.strip():
         parts.append(f"{CONSOLIDATED_HEADER}\n{consolidated.strip()}")
     if memories:
-        # A raw-turn memory spans lines ("User: ...", "AI: ..."): indent them under
-        # their bullet so one memory stays one item.
-        items = ["- " + doc.page_content.strip().replace("\n", "\n  ") for doc in memories]
+        items = [memory_line(doc) for doc in memories]
         parts.append(MEMORIES_HEADER + "\n" + "\n".join(items))
     return "\n\n".join(parts)
 
@@ -316,9 +314,18 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
         return self.consolidator.memory(self.session_id, user_id=self.user_id)
 
     def search_memories(
-        self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"
+        self,
+        query: str,
+        k: int = 10,
+        scope: Literal["session", "user"] = "session",
+        *,
+        since: Any = None,
+        until: Any = None,
     ) -> list[Document]:
         """Long-term memories of this session (or, with ``scope="user"``, its user).
+
+        ``since``/``until`` keep the memories whose turn happened in that window
+        (see :meth:`ChromaLongMemory.search`).
 
         Raises:
             ValueError: If no ``long_memory`` was given, or ``scope="user"`` without
@@ -330,7 +337,13 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
             raise ValueError(msg)
         self.check_owner()
         return self.long_memory.search(
-            query, session_id=self.session_id, user_id=self.user_id, scope=scope, k=k
+            query,
+            session_id=self.session_id,
+            user_id=self.user_id,
+            scope=scope,
+            k=k,
+            since=since,
+            until=until,
         )
 
     def clear(self) -> None:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import warnings
@@ -27,10 +28,10 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
-from langchain_tiered_memory.core.prompts import Prompts
+from langchain_tiered_memory.core.prompts import Prompts, memory_line
 from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
-from langchain_tiered_memory.storage.jobs import JobQueue
+from langchain_tiered_memory.storage.jobs import Job, JobQueue
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     MEMORY_CHARS,
     Catalog,
@@ -50,6 +51,7 @@ from langchain_tiered_memory.tiers.long_memory.retrieval import (
     LongMemoryRetriever,
     MemorySearch,
     Scope,
+    TimeBound,
     document,
 )
 from langchain_tiered_memory.tiers.long_memory.vectors import (
@@ -75,6 +77,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Memories of its scope an extractor is offered for ``UPDATE <id>``.
+NEAREST = 5
+#: Characters of a turn used to find them.
+NEAREST_QUERY_CHARS = 2000
 
 register_eraser("chroma", erase_from_record)
 
@@ -318,6 +325,8 @@ class ChromaLongMemory(ExtractionWorker):
         user_id: str | None = None,
         scope: Scope = "session",
         k: int = 10,
+        since: TimeBound = None,
+        until: TimeBound = None,
     ) -> list[Document]:
         """The ``k`` memories of a scope most relevant to ``query``.
 
@@ -327,7 +336,10 @@ class ChromaLongMemory(ExtractionWorker):
         cannot drag the ranking down. Among near-duplicates that score about the
         same (the same words with other numbers: a price, an IBAN, a date that
         changed) the newest comes first, so a correction outranks the value it
-        corrects.
+        corrects. A memory superseded by a newer one of the scope (the same
+        subject: a price, an IBAN, an address, payment terms; or an extractor's
+        ``UPDATE``) comes right after the one that replaced it; it stays in the
+        catalog with its provenance, and its metadata say ``superseded_by``.
 
         Args:
             query: What to look for.
@@ -336,13 +348,22 @@ class ChromaLongMemory(ExtractionWorker):
                 scope it narrows further).
             scope: ``"session"`` or ``"user"``; there is no unscoped search.
             k: How many memories to return.
+            since: Only memories whose turn happened at or after this (a
+                ``datetime``, a ``date`` or an ISO date string).
+            until: Only memories whose turn happened at or before this (a bare
+                date includes that whole day).
 
         Returns:
             Documents whose metadata hold ``id``, ``session_id``, ``user_id``,
             ``kind``, ``source_ids`` (archive message ids), ``context_ids``,
-            ``turn_at`` and ``score``. A raw turn's text comes after the turn
-            before it (its context, whose archive ids are ``context_ids``): what
-            was searched is what is shown.
+            ``turn_at`` (when the turn happened: the session date its messages
+            carried, else when it was archived), ``subject``, ``superseded_by``
+            and ``score``. A raw turn's text comes after the turn before it (its
+            context, whose archive ids are ``context_ids``): what was searched is
+            what is shown.
+
+        Raises:
+            InvalidSessionDateError: If ``since`` or ``until`` is not a date.
         """
         found = self.searcher.search(
             query,
@@ -352,8 +373,36 @@ class ChromaLongMemory(ExtractionWorker):
             k=k,
             embedding=self.embedding,
             dense_weight=self.dense_weight,
+            since=since,
+            until=until,
         )
         return [document(row, score) for row, score in found]
+
+    async def asearch(self, query: str, **options: Any) -> list[Document]:
+        """Async :meth:`search` (the same keyword arguments), in a worker thread.
+
+        Embedding the query and scoring are CPU-bound and the catalog reads are
+        short, so the search runs off the event loop rather than in it.
+        """
+        return await asyncio.to_thread(self.search, query, **options)
+
+    def nearest(self, job: Job, text: str, own_id: str) -> list[tuple[str, str]]:
+        """The live memories of a job's scope nearest to its turn, offered for ``UPDATE``.
+
+        The scope is the job's user's (else its session's), so an extractor is
+        only ever shown, and can only update, memories of that scope.
+        """
+        found = self.searcher.search(
+            text[:NEAREST_QUERY_CHARS],
+            session_id=job.session_id,
+            user_id=job.user_id,
+            scope="user" if job.user_id is not None else "session",
+            k=NEAREST + 1,
+            embedding=self.embedding,
+            dense_weight=self.dense_weight,
+        )
+        live = [row for row, _ in found if row.id != own_id and not row.superseded_by]
+        return [(row.id, row.text) for row in live][:NEAREST]
 
     def as_retriever(
         self,
@@ -362,10 +411,18 @@ class ChromaLongMemory(ExtractionWorker):
         user_id: str | None = None,
         scope: Scope = "session",
         k: int = 10,
+        since: TimeBound = None,
+        until: TimeBound = None,
     ) -> LongMemoryRetriever:
-        """A LangChain retriever over one scope."""
+        """A LangChain retriever over one scope (and, optionally, a time window)."""
         return LongMemoryRetriever(
-            long_memory=self, session_id=session_id, user_id=user_id, scope=scope, k=k
+            long_memory=self,
+            session_id=session_id,
+            user_id=user_id,
+            scope=scope,
+            k=k,
+            since=since,
+            until=until,
         )
 
     def as_context(
@@ -388,7 +445,7 @@ class ChromaLongMemory(ExtractionWorker):
                 scope=scope,
                 k=k,
             )
-            return "\n".join(f"- {doc.page_content}" for doc in docs)
+            return "\n".join(memory_line(doc) for doc in docs)
 
         return RunnableLambda(context, name="long_term_memories")
 
