@@ -328,6 +328,15 @@ def run(
     return results
 
 
+def keyed(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rows by name: ``"LoCoMo dev recall@10"`` for the default (MiniLM), ``", e5"`` added."""
+    return {
+        f"{r['dataset']} {r['metric']}"
+        + ("" if r["embedding"] == "minilm" else f", {r['embedding']}"): r
+        for r in results
+    }
+
+
 def _names(text: str, allowed: set[str], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
@@ -364,7 +373,7 @@ def main() -> None:
     print(table(results))
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps({"rows": results}, indent=2), encoding="utf-8")
+        args.json.write_text(json.dumps(keyed(results), indent=2), encoding="utf-8")
 
 
 if __name__ == "__main__":
