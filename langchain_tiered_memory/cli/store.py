@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,8 +149,6 @@ class Store:
             else {"persist_directory": self.chroma_path}
         )
         kwargs.setdefault("embedding", make_embedding())
-        # The offline model loads from disk: a download progress bar would only be noise.
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         kwargs.setdefault("start_worker", False)
         backup = self.backup()
         try:

@@ -179,19 +179,21 @@ def fuse(
 ) -> list[tuple[str, float]]:
     """Blend dense similarities with BM25 scores into one ranking.
 
-    The cosine similarity is put on a fixed scale, the model's own: ``[floor, 1]``
-    becomes ``[0, 1]`` and a cosine at or below the floor (noise for that model)
-    counts 0. BM25 is divided by its best score, so neither side's scale swamps the
-    other. On LoCoMo dev this beat reciprocal rank fusion (0.80 against 0.74
-    recall@10); on MADial-zh dev with E5 the two are within 0.01 of each other
-    once the floor is applied (see ``benchmarks/bench_recall.py``).
+    The cosine similarity is put on a fixed scale, the model's own: with a floor,
+    ``[floor, 1]`` becomes ``[0, 1]`` and a cosine at or below the floor (noise for
+    that model) counts 0; with none, cosines count as they are. BM25 is divided
+    by its best score, so neither side's scale swamps the other. On LoCoMo dev
+    this beat reciprocal rank fusion (0.80 against 0.74 recall@10); on MADial-zh
+    dev with E5 the two are within 0.01 of each other once the floor is applied
+    (see ``benchmarks/bench_recall.py``).
 
     Args:
         dense: Cosine similarity by id (the dense candidates).
         lexical: BM25 score by id (the lexical candidates).
         dense_weight: Weight of the dense side, in [0, 1]; 0 ignores it.
         floor: The embedding model's noise cosine, in [0, 1) (its
-            ``similarity_floor``; 0 keeps the cosines, a negative one counting 0).
+            ``similarity_floor``; 0 keeps the cosines as they are, as LangGraph's
+            stores report them).
 
     Returns:
         ``(id, score)`` pairs, best first.
@@ -199,8 +201,12 @@ def fuse(
     top = max(lexical.values(), default=0.0) or 1.0
     weight = dense_weight if dense else 0.0
     span = 1.0 - floor
+
+    def scaled(cosine: float) -> float:
+        return max(0.0, cosine - floor) / span if floor else cosine
+
     scores = {
-        doc_id: weight * max(0.0, dense.get(doc_id, floor) - floor) / span
+        doc_id: weight * scaled(dense.get(doc_id, floor))
         + (1 - weight) * lexical.get(doc_id, 0.0) / top
         for doc_id in dense.keys() | lexical.keys()
     }
