@@ -197,11 +197,46 @@ def test_memory_line_puts_the_day_before_the_text_and_indents_its_lines() -> Non
     assert memory_line(Document("a fact")) == "- a fact"  # a document of another store
 
 
+#: The example in LoCoMo's own format, for a checkout without the eval data beside it
+#: (the real file is read when it is there, see :func:`locomo`).
+LOCOMO_EXAMPLE: dict[str, Any] = {
+    "conversation": {
+        "speaker_a": "Caroline",
+        "speaker_b": "Melanie",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Caroline", "dia_id": "D1:1", "text": "Hey Mel! Good to see you!"},
+            {"speaker": "Melanie", "dia_id": "D1:2", "text": "Hey Caroline! How have you been?"},
+            {
+                "speaker": "Caroline",
+                "dia_id": "D1:3",
+                "text": "I went to a LGBTQ support group yesterday and it was so powerful.",
+            },
+            {"speaker": "Melanie", "dia_id": "D1:4", "text": "Wow, that's cool! How was it?"},
+        ],
+        "session_2_date_time": "1:14 pm on 25 May, 2023",
+        "session_2": [
+            {"speaker": "Melanie", "dia_id": "D2:1", "text": "I ran a charity race last Saturday."},
+            {"speaker": "Caroline", "dia_id": "D2:2", "text": "That's great, Mel!"},
+        ],
+    },
+    "qa": [
+        {
+            "question": "When did Caroline go to the LGBTQ support group?",
+            "answer": "7 May 2023",
+            "evidence": ["D1:3"],
+            "category": 2,
+        }
+    ],
+}
+
+
 def locomo() -> dict[str, Any]:
     path = EVAL / "locomo_dev.json"
     if not path.exists():
-        pytest.skip(f"the LoCoMo dev file is not at {path} (set TIERED_MEMORY_EVAL)")
-    return json.loads(path.read_text(encoding="utf-8"))[0]
+        return LOCOMO_EXAMPLE
+    sample: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))[0]
+    return sample
 
 
 def test_a_locomo_temporal_question_gets_the_date_beside_the_fact(
