@@ -1,19 +1,28 @@
-"""Retrieval recall of the long-term tier on the public eval data, with the offline defaults.
+"""Retrieval recall of the long-term tier on the public eval data, per embedding, in one table.
 
 Run: ``.venv/bin/python -m benchmarks.bench_recall --eval-dir ../shared/eval``
+(``--datasets locomo,madial,lme --embedding minilm,e5 --lme 3``).
 
-Protocol (``../shared/eval/README.md``):
+Protocol (``../shared/eval/README.md``), through the public API with raw turns (no
+extractor), user scope:
 
 * LoCoMo dev: one user per conversation, every session ingested in order through
-  the archive and the extraction queue (speaker_a as human, speaker_b as AI, no
-  extractor: raw turns), question as the query, user scope; recall@10 = share of a
-  question's evidence turns found in the provenance of the top 10 results, averaged
-  over the questions of categories 1-4.
+  the archive and the extraction queue (speaker_a as human, speaker_b as AI),
+  question as the query; recall@10 = share of a question's evidence turns found in
+  the provenance of the top 10 results, averaged over the questions of categories 1-4.
 * MADial-zh dev: corpus = the user's memories (``event``), each stored as a
   one-message turn; query = the dialogue lines before the test turn; recall@5 =
   share of ``relevant-id`` in the top 5.
+* LongMemEval-S dev: each question its own user, its haystack's sessions ingested
+  in order (user as human, assistant as AI); session recall_any@k = 1 if any answer
+  session is among the sessions of the top k results. ``--lme N`` takes the first
+  N questions (the file is stratified by type), 0 skips it.
 
-Baselines from the README: LoCoMo 0.60 (dense + BM25 RRF), MADial-zh 0.53 (BM25).
+Each row also gives the mean tokens of the returned memories (what a prompt would
+carry), the search p50 (query embedding included) and the ingest rate: texts
+(memories) embedded and stored per second by the worker, timed around ``flush``.
+
+Baselines from the eval README: LoCoMo 0.60 (dense + BM25 RRF), MADial-zh 0.53 (BM25).
 """
 
 from __future__ import annotations
@@ -23,25 +32,100 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
+from benchmarks.stats import percentile
 from langchain_tiered_memory import MySQLBackup
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings, MultilingualE5Embeddings
+from langchain_tiered_memory.text.tokens import estimate_tokens
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
-BASELINES = {"LoCoMo dev recall@10": 0.60, "MADial-zh dev recall@5": 0.53}
-TARGET = 0.80
+BASELINES = {"LoCoMo": 0.60, "MADial-zh": 0.53}
+#: Targets of issue 13: LoCoMo dev recall@10 and MADial-zh dev recall@5.
+TARGETS = {"LoCoMo": 0.88, "MADial-zh": 0.65}
+EMBEDDINGS: dict[str, Callable[[], Embeddings]] = {
+    "minilm": MiniLMEmbeddings,
+    "e5": MultilingualE5Embeddings,
+}
 _DIA = re.compile(r"D(\d+):(\d+)")
 
 
-def _memory(workdir: Path, name: str) -> ChromaLongMemory:
+@dataclass
+class Row:
+    """One line of the table: a dataset's recall with one embedding, and its costs."""
+
+    dataset: str
+    embedding: str
+    metric: str
+    scores: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    search_ms: list[float] = field(default_factory=list)
+    texts: int = 0
+    ingest_seconds: float = 0.0
+    haystacks: int = 0
+
+    def add(self, score: float, docs: list[Any], seconds: float) -> None:
+        """Record one question: its score, its returned memories and its search time."""
+        self.scores.append(score)
+        self.tokens.append(
+            sum(estimate_tokens(d.page_content) for d in docs) / len(docs) if docs else 0.0
+        )
+        self.search_ms.append(seconds * 1000)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row's figures (rounded) for the table and the JSON."""
+        n = len(self.scores)
+        out: dict[str, Any] = {
+            "dataset": self.dataset,
+            "embedding": self.embedding,
+            "metric": self.metric,
+            "ours": round(sum(self.scores) / n, 3) if n else None,
+            "questions": n,
+            "mean_tokens": round(sum(self.tokens) / n, 1) if n else None,
+            "search_p50_ms": round(percentile(self.search_ms, 50), 1) if n else None,
+            "ingest_texts_per_s": round(self.texts / self.ingest_seconds, 1)
+            if self.ingest_seconds
+            else None,
+        }
+        if self.haystacks:
+            out["ingest_s_per_haystack"] = round(self.ingest_seconds / self.haystacks, 1)
+        family = self.dataset.split(" ")[0]
+        if family in BASELINES:
+            out["baseline"] = BASELINES[family]
+            out["target"] = TARGETS[family]
+        return out
+
+
+def _memory(workdir: Path, name: str, embedding: Embeddings) -> ChromaLongMemory:
     backup = MySQLBackup(f"sqlite:///{workdir / f'{name}.sqlite3'}")
     return ChromaLongMemory(
-        persist_directory=workdir / f"{name}-chroma", backup=backup, start_worker=False
+        persist_directory=workdir / f"{name}-chroma",
+        backup=backup,
+        start_worker=False,
+        embedding=embedding,
     )
+
+
+def _flush(memory: ChromaLongMemory, row: Row) -> None:
+    """Drain the queue, timing it and counting the memories it made."""
+    count = memory.searcher.catalog.count_plan
+    before = memory.backup.run(count())
+    started = time.perf_counter()
+    memory.flush(timeout=3600)
+    row.ingest_seconds += time.perf_counter() - started
+    row.texts += memory.backup.run(count()) - before
+
+
+def _search(memory: ChromaLongMemory, query: str, user: str, k: int) -> tuple[list[Any], float]:
+    started = time.perf_counter()
+    docs = memory.search(query, user_id=user, scope="user", k=k)
+    return docs, time.perf_counter() - started
 
 
 def _sessions(conversation: dict[str, Any]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -79,22 +163,26 @@ def ingest_locomo(memory: ChromaLongMemory, sample: dict[str, Any], user: str) -
     return dia_of
 
 
-def locomo_recall(eval_dir: Path, workdir: Path, k: int = 10) -> dict[str, tuple[float, int]]:
-    """Recall@k with the default dense search, and with every scope's dense side in Chroma.
+def locomo_recall(
+    eval_dir: Path, workdir: Path, name: str, embedding: Embeddings, k: int = 10, hnsw: bool = False
+) -> list[Row]:
+    """Recall@k with the default (exact) dense search; with ``hnsw``, also via Chroma's HNSW.
 
     Each user of LoCoMo dev holds fewer memories than the default ``exact_limit``,
     so the default searches exactly in process; ``exact_limit=0`` sends the same
     questions through Chroma's HNSW (the path of large scopes).
     """
-    samples = json.loads((eval_dir / "locomo_dev.json").read_text())
-    memory = _memory(workdir, "locomo")
-    paths = {"": memory.exact_limit, ", dense via Chroma HNSW": 0}
-    scores: dict[str, list[float]] = {path: [] for path in paths}
+    samples = json.loads((eval_dir / "locomo_dev.json").read_text(encoding="utf-8"))
+    memory = _memory(workdir, f"locomo-{name}", embedding)
+    rows = {memory.exact_limit: Row("LoCoMo dev", name, f"recall@{k}")}
+    if hnsw:
+        rows[0] = Row("LoCoMo dev (dense via Chroma HNSW)", name, f"recall@{k}")
+    first = rows[memory.exact_limit]
     for number, sample in enumerate(samples):
         user = f"locomo-{number}"
         dia_of = ingest_locomo(memory, sample, user)
-        memory.flush(timeout=600)
-        for path, limit in paths.items():
+        _flush(memory, first)
+        for limit, row in rows.items():
             memory.exact_limit = limit
             for qa in sample["qa"]:
                 if qa.get("category") not in (1, 2, 3, 4):
@@ -102,23 +190,33 @@ def locomo_recall(eval_dir: Path, workdir: Path, k: int = 10) -> dict[str, tuple
                 gold = {f"D{s}:{t}" for s, t in _DIA.findall(" ".join(map(str, qa["evidence"])))}
                 if not gold:
                     continue
-                found = set()
-                for doc in memory.search(qa["question"], user_id=user, scope="user", k=k):
-                    found.update(dia_of.get(i) for i in doc.metadata["source_ids"])
-                scores[path].append(len(gold & found) / len(gold))
-        memory.exact_limit = paths[""]
+                docs, seconds = _search(memory, qa["question"], user, k)
+                found = {dia_of.get(i) for doc in docs for i in doc.metadata["source_ids"]}
+                row.add(len(gold & found) / len(gold), docs, seconds)
+        memory.exact_limit = max(rows)
     memory.close()
-    return {
-        f"LoCoMo dev recall@{k}{path}": (sum(values) / len(values), len(values))
-        for path, values in scores.items()
-    }
+    return list(rows.values())
 
 
-def madial_recall(eval_dir: Path, workdir: Path, k: int = 5) -> dict[str, tuple[float, int]]:
+def madial_query(dialogue: dict[str, Any]) -> str:
+    """The dialogue lines before the test turn, without speaker tags (the protocol's query)."""
+    before = dialogue["dialogue"][: dialogue["test-turn"][0]]
+    return "\n".join(
+        re.sub(r"^<[^>]*>:", "", text).strip().strip('"')
+        for text in before
+        if not text.startswith(("<BOD>", "<EOD>"))
+    )
+
+
+def madial_recall(
+    eval_dir: Path, workdir: Path, name: str, embedding: Embeddings, k: int = 5
+) -> list[Row]:
+    """Recall@k of MADial-zh dev: each memory a one-message turn of its user."""
     folder = eval_dir / "madial_zh"
-    memory = _memory(workdir, "madial")
+    memory = _memory(workdir, f"madial-{name}", embedding)
+    row = Row("MADial-zh dev", name, f"recall@{k}")
     memory_of: dict[int, str] = {}
-    for line in (folder / "memory.jsonl").read_text().splitlines():
+    for line in (folder / "memory.jsonl").read_text(encoding="utf-8").splitlines():
         (record,) = json.loads(line).values()
         user = f"madial-{record['user-id']}"
         (message_id,) = memory.backup.add_messages(
@@ -128,51 +226,175 @@ def madial_recall(eval_dir: Path, workdir: Path, k: int = 5) -> dict[str, tuple[
             jobs=["extract"],
         )
         memory_of[message_id] = str(record["id"])
-    memory.flush(timeout=600)
-    scores = []
-    for line in (folder / "dialogue_dev.jsonl").read_text().splitlines():
+    _flush(memory, row)
+    for line in (folder / "dialogue_dev.jsonl").read_text(encoding="utf-8").splitlines():
         dialogue = json.loads(line)
-        before = dialogue["dialogue"][: dialogue["test-turn"][0]]
-        query = "\n".join(
-            re.sub(r"^<[^>]*>:", "", text).strip().strip('"')
-            for text in before
-            if not text.startswith(("<BOD>", "<EOD>"))
-        )
         gold = {str(i) for i in dialogue["relevant-id"]}
-        found = set()
-        for doc in memory.search(query, user_id=f"madial-{dialogue['user-id']}", scope="user", k=k):
-            found.update(memory_of.get(i) for i in doc.metadata["source_ids"])
-        scores.append(len(gold & found) / len(gold))
+        user = f"madial-{dialogue['user-id']}"
+        docs, seconds = _search(memory, madial_query(dialogue), user, k)
+        found = {memory_of.get(i) for doc in docs for i in doc.metadata["source_ids"]}
+        row.add(len(gold & found) / len(gold), docs, seconds)
     memory.close()
-    return {f"MADial-zh dev recall@{k}": (sum(scores) / len(scores), len(scores))}
+    return [row]
+
+
+def ingest_haystack(memory: ChromaLongMemory, item: dict[str, Any], user: str) -> dict[int, str]:
+    """Write one LongMemEval haystack, session by session; map message ids to session ids."""
+    session_of: dict[int, str] = {}
+    for session_id, turns in zip(
+        item["haystack_session_ids"], item["haystack_sessions"], strict=True
+    ):
+        session = f"{user}-{session_id}"
+        for index, turn in enumerate(turns):
+            human = turn["role"] == "user"
+            message: BaseMessage = (
+                HumanMessage(turn["content"]) if human else AIMessage(turn["content"])
+            )
+            last = index == len(turns) - 1
+            jobs = ["extract"] if not human or last else []
+            (message_id,) = memory.backup.add_messages(session, [message], user_id=user, jobs=jobs)
+            session_of[message_id] = session_id
+    return session_of
+
+
+def lme_recall(
+    eval_dir: Path, workdir: Path, name: str, embedding: Embeddings, haystacks: int
+) -> list[Row]:
+    """Session recall_any@5 and @10 of the first ``haystacks`` LongMemEval-S dev questions."""
+    items = json.loads((eval_dir / "longmemeval_s_dev.json").read_text(encoding="utf-8"))
+    memory = _memory(workdir, f"lme-{name}", embedding)
+    rows = {k: Row("LongMemEval-S dev", name, f"recall_any@{k}") for k in (5, 10)}
+    for number, item in enumerate(items[:haystacks]):
+        user = f"lme-{number}"
+        session_of = ingest_haystack(memory, item, user)
+        for row in rows.values():  # the same ingest, told to both rows
+            row.haystacks += 1
+        _flush(memory, rows[5])
+        gold = set(item["answer_session_ids"])
+        docs, seconds = _search(memory, item["question"], user, 10)
+        for k, row in rows.items():
+            found = {session_of.get(i) for doc in docs[:k] for i in doc.metadata["source_ids"]}
+            row.add(float(bool(gold & found)), docs[:k], seconds)
+    rows[10].texts, rows[10].ingest_seconds = rows[5].texts, rows[5].ingest_seconds
+    memory.close()
+    return list(rows.values())
+
+
+def _cell(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The one benchmark table (Markdown)."""
+    lines = [
+        "| dataset | embedding | metric | recall | questions | mean tokens / memory "
+        "| search p50 ms | ingest texts/s | ingest s / haystack | baseline | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['dataset']} | {r['embedding']} | {r['metric']} | {_cell(r['ours'], '.3f')} "
+            f"| {r['questions']} | {_cell(r['mean_tokens'], '.1f')} "
+            f"| {_cell(r['search_p50_ms'], '.1f')} | {_cell(r['ingest_texts_per_s'], '.1f')} "
+            f"| {_cell(r.get('ingest_s_per_haystack'), '.1f')} "
+            f"| {_cell(r.get('baseline'), '.2f')} | {_cell(r.get('target'), '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def run(
+    eval_dir: Path,
+    workdir: Path,
+    datasets: list[str],
+    embeddings: list[str],
+    haystacks: int,
+    hnsw: bool = False,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every dataset with every embedding, the quickest dataset first.
+
+    ``progress`` is told each row as it is measured.
+    """
+    models: dict[str, Embeddings] = {}
+    results = []
+    for dataset in ("madial", "locomo", "lme"):
+        if dataset not in datasets:
+            continue
+        for name in embeddings:
+            if name not in models:
+                models[name] = EMBEDDINGS[name]()
+                # The model's load is not ingest or search time.
+                models[name].embed_query("warm up")
+            embedding = models[name]
+            if dataset == "locomo":
+                rows = locomo_recall(eval_dir, workdir, name, embedding, hnsw=hnsw)
+            elif dataset == "madial":
+                rows = madial_recall(eval_dir, workdir, name, embedding)
+            elif haystacks:
+                rows = lme_recall(eval_dir, workdir, name, embedding, haystacks)
+            else:
+                rows = []
+            for row in rows:
+                results.append(row.as_dict())
+                if progress:
+                    progress(results[-1])
+    return results
+
+
+def keyed(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rows by name: ``"LoCoMo dev recall@10"`` for the default (MiniLM), ``", e5"`` added."""
+    return {
+        f"{r['dataset']} {r['metric']}"
+        + ("" if r["embedding"] == "minilm" else f", {r['embedding']}"): r
+        for r in results
+    }
+
+
+def _names(text: str, allowed: set[str], what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        msg = f"{what}: unknown {unknown or text!r}; choose from {', '.join(sorted(allowed))}"
+        raise argparse.ArgumentTypeError(msg)
+    return names
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--eval-dir", type=Path, default=Path("../shared/eval"))
+    parser.add_argument(
+        "--datasets",
+        type=lambda t: _names(t, {"locomo", "madial", "lme"}, "--datasets"),
+        default=["locomo", "madial", "lme"],
+        help="comma-separated: locomo, madial, lme",
+    )
+    parser.add_argument(
+        "--embedding",
+        type=lambda t: _names(t, set(EMBEDDINGS), "--embedding"),
+        default=["minilm", "e5"],
+        help="comma-separated: minilm, e5",
+    )
+    parser.add_argument(
+        "--lme", type=int, default=3, help="LongMemEval-S dev haystacks (first N; 0 skips)"
+    )
+    parser.add_argument("--hnsw", action="store_true", help="LoCoMo also via Chroma's HNSW")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    results = {}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for run in (locomo_recall, madial_recall):
-            started = time.perf_counter()
-            for name, (value, questions) in run(args.eval_dir, Path(tmp)).items():
-                results[name] = {
-                    "ours": round(value, 3),
-                    "baseline": BASELINES[name.split(",")[0]],
-                    "target": TARGET,
-                    "questions": questions,
-                    "seconds": round(time.perf_counter() - started, 1),
-                }
-    print(f"{'metric':<44} {'ours':>6} {'baseline':>9} {'target':>7} {'questions':>10} {'secs':>6}")
-    for name, row in results.items():
-        verdict = "PASS" if row["ours"] >= TARGET else "MISS"
-        print(
-            f"{name:<44} {row['ours']:>6.3f} {row['baseline']:>9.2f} {TARGET:>7.2f} "
-            f"{row['questions']:>10} {row['seconds']:>6} {verdict}"
+        results = run(
+            args.eval_dir,
+            Path(tmp),
+            args.datasets,
+            args.embedding,
+            args.lme,
+            args.hnsw,
+            progress=lambda row: print(json.dumps(row), flush=True),
         )
+    print(table(results))
+    print(f"({time.perf_counter() - started:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps(keyed(results), indent=2), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Importing this package imports modules and nothing else: no database is opened a
 no model is loaded until a class is used.
 """
 
+from langchain_tiered_memory.core.extras import MissingExtraError, import_extra
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
@@ -22,25 +23,27 @@ from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemo
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic).
 __version__ = "0.1.0"
 
-# Entry points whose modules import optional extras (langchain-classic, langchain v1,
-# langchain-text-splitters, langgraph) load on first use.
-_LAZY = {
-    "FinishReasonHandler": "langchain_tiered_memory.integrations.finish_reason",
-    "KnowledgeBase": "langchain_tiered_memory.integrations.knowledge",
-    "TieredMemory": "langchain_tiered_memory.integrations.classic",
-    "TieredMemoryMiddleware": "langchain_tiered_memory.integrations.middleware",
-    "TieredStore": "langchain_tiered_memory.integrations.store",
-    "create_tiered_chain": "langchain_tiered_memory.integrations.chain",
+# Entry points whose modules import optional extras load on first use: name -> (module,
+# the extra it needs or None). A missing extra raises MissingExtraError naming it.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "FinishReasonHandler": ("langchain_tiered_memory.integrations.finish_reason", None),
+    "KnowledgeBase": ("langchain_tiered_memory.integrations.knowledge", None),
+    "TieredMemory": ("langchain_tiered_memory.integrations.classic", "classic"),
+    "TieredMemoryMiddleware": ("langchain_tiered_memory.integrations.middleware", "agents"),
+    "TieredStore": ("langchain_tiered_memory.integrations.store", "agents"),
+    "create_tiered_chain": ("langchain_tiered_memory.integrations.chain", None),
 }
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
+    module, extra = _LAZY[name]
+    if extra is None:
+        from importlib import import_module
 
-    return getattr(import_module(module), name)
+        return getattr(import_module(module), name)
+    return getattr(import_extra(module, extra, name), name)
 
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "ForgetIncompleteError",
     "KnowledgeBase",
     "LongMemoryRetriever",
+    "MissingExtraError",
     "MemoryConsolidator",
     "MySQLBackup",
     "TieredMemory",

@@ -57,9 +57,10 @@ def _drop(backup: MySQLBackup) -> None:
 
 @pytest.fixture(autouse=True)
 def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own TIERED_MEMORY_HOME."""
+    """Every test gets its own TIERED_MEMORY_HOME (and no TIERED_MEMORY_URL)."""
     home = tmp_path / "home"
     monkeypatch.setenv("TIERED_MEMORY_HOME", str(home))
+    monkeypatch.delenv("TIERED_MEMORY_URL", raising=False)
     return home
 
 

@@ -441,7 +441,9 @@ class ChaosExtractor(GenericFakeChatModel):
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
     ) -> ChatResult:
         prompt = str(messages[-1].content)
-        found = re.search(r"mode=(\w+) #(\d+)", prompt)
+        # The last one: the prompt may list existing memories (offered for UPDATE)
+        # before the turn, and they quote earlier turns' modes.
+        found = ([None, *re.finditer(r"mode=(\w+) #(\d+)", prompt)])[-1]
         mode, key = (found.group(1), found.group(0)) if found else ("ok", prompt)
         self.seen[key] = self.seen.get(key, 0) + 1
         content: Any

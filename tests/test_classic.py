@@ -7,6 +7,7 @@ and record the prompts they were sent.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 MakeMemory = Callable[..., ChromaLongMemory]
 FACT = "My cat is called Miso and she is 7 years old."
+# The memory context, and a memory's bullet: the day its turn happened, then its text.
+HEADER = re.escape("System: Relevant long-term memories:\n")
+DAY = r"- \(\d{4}-\d{2}-\d{2}\) User: "
 QUESTION = "What is my cat called?"
 
 
@@ -152,7 +156,7 @@ def test_fact_from_an_earlier_session_is_recalled(
     assert "Miso" in last
     # Like ConversationSummaryBufferMemory's summary, the context leads the buffer.
     history_part = last.split("Current conversation:\n")[1]
-    assert history_part.startswith("System: Relevant long-term memories:\n- User: " + FACT)
+    assert re.match(HEADER + DAY + re.escape(FACT), history_part)
     # k=1: the best match only, not the invoice chatter.
     assert "invoice batch" not in last
 
@@ -232,7 +236,7 @@ async def test_async_conversation_chain_recalls_across_sessions(
     result = await chain_for("s2").ainvoke({"input": QUESTION})
 
     assert "Miso" in prompt_text(model.prompts[-1])
-    assert result["history"].startswith("System: Relevant long-term memories:\n- User: " + FACT)
+    assert re.match(HEADER + DAY + re.escape(FACT), result["history"])
     assert len(backup.get_messages("s1")) == 8
     assert backup.get_messages("s2") == [HumanMessage(QUESTION), AIMessage(result["response"])]
     await backup.adispose()

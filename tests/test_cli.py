@@ -48,7 +48,7 @@ TOOL_ROWS = json.dumps(
 def home(_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test's TIERED_MEMORY_HOME (set by conftest), nothing else from the environment."""
     for name in (
-        "TIERED_MEMORY_MYSQL_URL",
+        "TIERED_MEMORY_URL",
         "TIERED_MEMORY_CHROMA_HOST",
         "TIERED_MEMORY_CHROMA_PORT",
         "TIERED_MEMORY_DEBUG",
@@ -268,9 +268,11 @@ def test_forget_asks_then_removes_the_session_from_every_tier(
     assert len(chroma_ids(collection, {"session_id": "ar-1"})) == 2
 
     result = invoke("forget", "ar-1", input="n\n")
-    assert result.exit_code == 1
+    assert result.exit_code == 0  # declining is an answer, not an error
     assert "Forget session 'ar-1' (6 messages, 2 long-term memories)" in result.output
+    assert "nothing was forgotten" in result.output
     assert len(seeded.get_messages("ar-1")) == 6
+    assert len(chroma_ids(collection, {"session_id": "ar-1"})) == 2
 
     output = ok("forget", "ar-1", "--yes")
     assert "6 archived messages removed" in output
@@ -345,12 +347,19 @@ def test_unreachable_mysql_is_one_line(home: Path) -> None:
 def test_environment_selects_the_archive(
     seeded: MySQLBackup, home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("TIERED_MEMORY_MYSQL_URL", UNREACHABLE_MYSQL)
+    monkeypatch.setenv("TIERED_MEMORY_URL", UNREACHABLE_MYSQL)
     assert "127.0.0.1:1" in fails("sessions")
-    monkeypatch.delenv("TIERED_MEMORY_MYSQL_URL")
+    monkeypatch.delenv("TIERED_MEMORY_URL")
     monkeypatch.setenv("TIERED_MEMORY_HOME", str(tmp_path / "elsewhere"))
-    assert "no archive at" in fails("sessions")
+    line = fails("sessions")
+    assert f"no archive at {tmp_path / 'elsewhere' / 'archive.sqlite3'}" in line
+    # It says how to point at one: both options and both variables.
+    for way in ("--url", "TIERED_MEMORY_URL", "--home", "TIERED_MEMORY_HOME"):
+        assert way in line
     assert "ar-1" in ok("--home", str(home), "sessions")
+    # A SQLite URL to a file that is not there is the same error, not an empty archive.
+    assert "no archive at" in fails("--url", f"sqlite:///{tmp_path / 'none.db'}", "sessions")
+    assert not (tmp_path / "none.db").exists()
 
 
 def test_other_errors_are_one_line(seeded: MySQLBackup) -> None:
@@ -359,6 +368,31 @@ def test_other_errors_are_one_line(seeded: MySQLBackup) -> None:
     usage = invoke("search", "ar-1", "q", "--scope", "everyone")
     assert usage.exit_code == 2  # typer's own usage error
     assert "Traceback" not in usage.output
+
+
+def test_flags_show_no_value_in_help() -> None:
+    # A flag is `--yes`, never `--yes <bool>` as if it took a value.
+    forget_help = ok("forget", "--help")
+    assert re.search(r"-y, --yes\s+Do not ask for confirmation", forget_help)
+    for command in (["--help"], ["forget", "--help"], ["demo", "--help"]):
+        assert "<bool>" not in ok(*command)
+    assert "--keep " in ok("demo", "--help")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:secret@db/chat",
+        "postgresql+psycopg://app:secret@db/chat",
+        "oracle://x@y/z",
+    ],
+)
+def test_unsupported_database_is_one_line(home: Path, url: str) -> None:
+    for command in (["sessions"], ["stats"], ["forget", "s1", "--yes"]):
+        line = fails("--url", url, *command)
+        assert "supported databases: SQLite and MySQL/MariaDB" in line
+        assert "sqlite:///" in line and "mysql+pymysql://" in line
+        assert "psycopg" not in line and "secret" not in line  # no driver hunt, no password
 
 
 def test_unreachable_chroma_server(seeded: MySQLBackup) -> None:

@@ -62,14 +62,46 @@ def statements(backup: MySQLBackup) -> Iterator[list[tuple[str, Any]]]:
         event.remove(backup.engine, "before_cursor_execute", record)
 
 
+class ChromaCalls:
+    """A Chroma collection that records each call: its method and how many ids it carries."""
+
+    def __init__(self, collection: Any) -> None:
+        self.collection = collection
+        self.calls: list[tuple[str, int | None, tuple[str, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.collection, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            ids = kwargs.get("ids")
+            self.calls.append((name, None if ids is None else len(ids), tuple(sorted(kwargs))))
+            return target(*args, **kwargs)
+
+        return call
+
+
 def drain_last(
-    make_memory: MakeMemory, backup: MySQLBackup, session_id: str, turns: int, batch: int
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    session_id: str,
+    turns: int,
+    batch: int,
+    chroma: list[ChromaCalls] | None = None,
 ) -> list[tuple[str, Any]]:
-    """The statements of draining the last ``batch`` turns of a session of ``turns``."""
+    """The statements of draining the last ``batch`` turns of a session of ``turns``.
+
+    With ``chroma``, the Chroma calls of that drain are recorded into a
+    :class:`ChromaCalls` appended to it.
+    """
     memory = make_memory(backup=backup, batch_size=batch)
     write_turns(backup, memory, session_id, range(turns - batch))
     memory.run_pending()
     write_turns(backup, memory, session_id, range(turns - batch, turns))
+    if chroma is not None:
+        chroma.append(ChromaCalls(memory.collection))
+        memory.collection = chroma[-1]
     with statements(backup) as seen:
         memory.run_pending()
     assert len(catalog(backup, session_id)) == turns
@@ -82,6 +114,20 @@ def test_a_batch_runs_as_many_statements_in_a_long_session_as_in_a_short_one(
     short = drain_last(make_memory, backup, "short", 30, 20)
     long = drain_last(make_memory, backup, "long", 600, 20)
     assert [s for s, _ in long] == [s for s, _ in short]
+
+
+def test_a_batch_asks_chroma_the_same_in_a_long_session_as_in_a_short_one(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # Chroma's own insert cost grows with its HNSW graph (not ours to flatten); what the
+    # worker asks of it per batch must not: one write of the batch's new vectors, and
+    # no count, get, peek or query that would read what the session already holds.
+    recorded: list[ChromaCalls] = []
+    drain_last(make_memory, backup, "short", 30, 20, recorded)
+    drain_last(make_memory, backup, "long", 600, 20, recorded)
+    short, long = (r.calls for r in recorded)
+    assert long == short
+    assert long == [("upsert", 20, ("documents", "embeddings", "ids", "metadatas"))]
 
 
 def test_every_statement_of_a_batch_is_an_index_lookup(

@@ -539,10 +539,12 @@ def test_as_context_under_runnable_with_message_history(
     assert memory.queue.depth() == 1  # the turn queued its extraction
     memory.run_pending()
     chat("session").invoke({"input": "What does the AR table have?"}, config=cfg("s1", "u1"))
-    assert f"- User: {fact}\nAI: reply 1" in model.prompts[-1][0].content
+    # One dated bullet per memory (the day its turn was archived), its lines indented.
+    day = memory.search(fact, session_id="s1", k=1)[0].metadata["turn_at"][:10]
+    assert f"- ({day}) User: {fact}\n  AI: reply 1" in model.prompts[-1][0].content
     # Another session of the same user sees it with the user scope, another user never.
     chat("user").invoke({"input": "AR table again?"}, config=cfg("s2", "u1"))
-    assert f"- User: {fact}" in model.prompts[-1][0].content
+    assert f"- ({day}) User: {fact}" in model.prompts[-1][0].content
     chat("user").invoke({"input": "AR table again?"}, config=cfg("s3", "u2"))
     assert model.prompts[-1][0].content == "Memories:\n"
 

@@ -9,6 +9,7 @@ is embedded with ``HashEmbeddings``, and threads are kept by LangGraph's
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from .fakes import RecordingChatModel
 MakeMemory = Callable[..., ChromaLongMemory]
 SYSTEM = "You are an ERP assistant."
 FACT = "My cat is called Miso and she is 7 years old."
+# A memory's bullet: the day its turn happened, then its text.
+DAY = r"- \(\d{4}-\d{2}-\d{2}\) User: "
 QUESTION = "What is my cat called?"
 
 STOCK = {"A-1": 12, "B-2": 0}
@@ -216,8 +219,10 @@ def test_fact_from_an_earlier_session_reaches_the_prompt(
     # Both model calls of the run (before and after the tool) got the memory...
     for prompt in model.prompts[-2:]:
         assert isinstance(prompt[0], SystemMessage)
-        assert prompt[0].content.startswith(
-            SYSTEM + "\n\nRelevant long-term memories:\n- User: " + FACT
+        # Each memory a bullet dated by its turn.
+        assert re.match(
+            re.escape(SYSTEM + "\n\nRelevant long-term memories:\n") + DAY + re.escape(FACT),
+            prompt[0].content,
         )
         assert "invoice batch" not in prompt[0].content  # k=1: the best match only
         assert sum(isinstance(m, SystemMessage) for m in prompt) == 1
@@ -246,7 +251,10 @@ async def test_async_fact_from_an_earlier_session_reaches_the_prompt(
 
     system = model.prompts[-1][0]
     assert isinstance(system, SystemMessage)
-    assert system.content == "Relevant long-term memories:\n- User: " + FACT + "\n  AI: Noted!"
+    assert re.fullmatch(
+        re.escape("Relevant long-term memories:\n") + DAY + re.escape(FACT + "\n  AI: Noted!"),
+        system.content,
+    )
     assert len(backup.get_messages("s1")) == 8
     await backup.adispose()
 

@@ -1,7 +1,7 @@
 """The ``tiered-memory`` command line: a demo, and tools to inspect and manage the tiers.
 
 The options that say where the tiers are come before the command, once for all:
-``--url`` (or ``$TIERED_MEMORY_MYSQL_URL``; default a SQLite file in the home folder),
+``--url`` (or ``$TIERED_MEMORY_URL``; default a SQLite file in the home folder),
 ``--home`` (or ``$TIERED_MEMORY_HOME``; default ``./.tiered_memory``) and
 ``--chroma-host`` (or ``$TIERED_MEMORY_CHROMA_HOST``; default an embedded Chroma in the
 home folder), e.g. ``tiered-memory --home demo sessions``. Errors are one line on
@@ -42,7 +42,6 @@ from langchain_tiered_memory.cli.render import (
     stamp,
 )
 from langchain_tiered_memory.cli.store import (
-    DEFAULT_HOME,
     CliError,
     Store,
     all_history,
@@ -53,6 +52,7 @@ from langchain_tiered_memory.core.validation import validate_optional_id
 from langchain_tiered_memory.storage.archive import (
     ArchiveUnavailableError,
     SessionOwnershipError,
+    default_home,
 )
 from langchain_tiered_memory.tiers.long_memory import make_chroma_client
 
@@ -69,6 +69,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: typer's rich panels show every flag as `--yes <bool>`, as if it took a value.
+    rich_markup_mode=None,
 )
 
 
@@ -138,9 +140,10 @@ def where(
         str | None,
         typer.Option(
             "--url",
-            envvar="TIERED_MEMORY_MYSQL_URL",
+            envvar="TIERED_MEMORY_URL",
             help="Archive database URL, e.g. mysql+pymysql://user:pw@host:3306/db or "
-            "sqlite:///chat.db. Default: archive.sqlite3 in the home folder.",
+            "sqlite:///chat.db (SQLite and MySQL/MariaDB). Default: archive.sqlite3 in "
+            "the home folder, as MySQLBackup() without a URL.",
             show_default=False,
         ),
     ] = None,
@@ -180,7 +183,7 @@ def where(
     """Where the tiers are: one store for the command, closed when it ends."""
     store = Store(
         url=url or None,
-        home=home or DEFAULT_HOME,
+        home=home or default_home(),
         chroma_host=chroma_host or None,
         chroma_port=chroma_port,
         collection=collection,
@@ -388,8 +391,10 @@ def forget(
     counts = require_session(backup, session)
     messages, memories = counts.messages, counts.memory_count
     what = f"session {session!r} ({messages:,} messages, {memories:,} long-term memories)"
-    if not yes:
-        typer.confirm(f"Forget {what} from every tier?", abort=True)
+    if not yes and not typer.confirm(f"Forget {what} from every tier?"):
+        # Declining is an answer, not a failure: exit 0, and say nothing changed.
+        out().print(Text(f"kept {what}: nothing was forgotten"))
+        return
     notes: list[str] = []
     try:
         store.long_memory(connect=True)  # registers the removal of its Chroma vectors

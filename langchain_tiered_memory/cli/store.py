@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from sqlalchemy.engine import make_url
+
 from langchain_tiered_memory.core.validation import validate_id
-from langchain_tiered_memory.storage.archive import ArchivedMessage, ArchiveStats, MySQLBackup
+from langchain_tiered_memory.storage.archive import (
+    ArchivedMessage,
+    ArchiveStats,
+    MySQLBackup,
+    check_supported,
+    default_home,
+    default_url,
+)
 
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
@@ -19,7 +27,11 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
     from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
-DEFAULT_HOME = Path(".tiered_memory")
+#: What a missing archive error says: where the command looks, and how to point it elsewhere.
+POINT_AT_ARCHIVE = (
+    "pass --url (or set TIERED_MEMORY_URL) or --home (or set TIERED_MEMORY_HOME), as the "
+    "script that wrote it did"
+)
 
 
 class CliError(Exception):
@@ -56,7 +68,7 @@ class Store:
     """
 
     url: str | None = None
-    home: Path = field(default_factory=lambda: DEFAULT_HOME)
+    home: Path = field(default_factory=default_home)
     chroma_host: str | None = None
     chroma_port: int = 8000
     collection: str = "longMemory"
@@ -66,9 +78,17 @@ class Store:
     _backup: MySQLBackup | None = field(default=None, init=False, repr=False)
 
     @property
+    def archive_url(self) -> str:
+        """The archive's URL: ``url``, else the library's default for ``home``."""
+        return self.url or default_url(self.home)
+
+    @property
     def sqlite_path(self) -> Path | None:
-        """The embedded archive file when no URL is given."""
-        return None if self.url else self.home / "archive.sqlite3"
+        """The archive's file when it is a SQLite one (``None`` for a server)."""
+        parsed = check_supported(make_url(self.archive_url))
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+            return None
+        return Path(parsed.database)
 
     @property
     def chroma_path(self) -> Path:
@@ -104,13 +124,10 @@ class Store:
             path = self.sqlite_path
             if path is not None:
                 if not create and not path.exists():
-                    msg = (
-                        f"no archive at {path}: pass --home or --url (or set "
-                        "TIERED_MEMORY_HOME or TIERED_MEMORY_MYSQL_URL)"
-                    )
+                    msg = f"no archive at {path}: {POINT_AT_ARCHIVE}"
                     raise CliError(msg)
                 path.parent.mkdir(parents=True, exist_ok=True)
-            backup = MySQLBackup(self.url or f"sqlite:///{path}", table_name=self.table)
+            backup = MySQLBackup(self.archive_url, table_name=self.table)
             self._stack.callback(backup.dispose)
             self._backup = backup
         return self._backup
@@ -132,8 +149,6 @@ class Store:
             else {"persist_directory": self.chroma_path}
         )
         kwargs.setdefault("embedding", make_embedding())
-        # The offline model loads from disk: a download progress bar would only be noise.
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         kwargs.setdefault("start_worker", False)
         backup = self.backup()
         try:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+from langchain_core.documents import Document
+
 
 @dataclass(frozen=True)
 class ChainLabels:
@@ -87,6 +89,10 @@ class Prompts:
             ``{conversation}``; the model answers ``NONE`` for nothing.
         extraction_roles: Speaker labels of a turn in the extraction prompt and in
             raw-turn memories, by role (``"human"``, ``"ai"``).
+        extraction_update: The extraction prompt when the scope already holds
+            memories near the turn; formatted with ``{memories}`` (``[id] text``
+            lines) and ``{conversation}``; the model may answer
+            ``UPDATE <id>: new text`` when the turn changes one of them.
         consolidation: The MEMORY.md update; formatted with ``{memory}`` (the
             current MEMORY.md) and ``{conversation}``.
         consolidation_roles: Speaker labels in the consolidation prompt, by role
@@ -112,10 +118,18 @@ class Prompts:
     compression: CompressionLabels
     context_consolidated: str
     context_memories: str
+    extraction_update: str = ""
 
     def __post_init__(self) -> None:
+        if not self.extraction_update:  # a house style made before it existed
+            object.__setattr__(
+                self,
+                "extraction_update",
+                self.extraction.replace("{conversation}", _EXISTING + "{conversation}", 1),
+            )
         for name, needed in (
             ("extraction", {"conversation"}),
+            ("extraction_update", {"memories", "conversation"}),
             ("consolidation", {"memory", "conversation"}),
         ):
             missing = needed - _fields_of(getattr(self, name))
@@ -134,6 +148,13 @@ class Prompts:
                 raise ValueError(msg)
 
 
+# Added before the conversation of a house-style extraction prompt without its own
+# extraction_update.
+_EXISTING = (
+    "Existing memories:\n{memories}\n"
+    "If the conversation changes one of them, answer only UPDATE <id>: <new text>.\n\n"
+)
+
 # The speaker labels of a transcript (the consolidation prompt, the compressor's
 # timeline), one table per language.
 EN_ROLES: Mapping[str, str] = MappingProxyType(
@@ -149,6 +170,18 @@ EN = Prompts(
         "Keep task goals, problem descriptions, solutions and important constraints;\n"
         "drop courtesies, repetition and confirmations;\n"
         "if there is nothing of substance, answer only NONE.\n\n"
+        "{conversation}\n\nSummary:"
+    ),
+    extraction_update=(
+        "Summarise the core meaning of the conversation below.\n"
+        "Keep task goals, problem descriptions, solutions and important constraints;\n"
+        "drop courtesies, repetition and confirmations;\n"
+        "if there is nothing of substance, answer only NONE.\n\n"
+        "Existing memories (id in brackets):\n{memories}\n\n"
+        "If the conversation gives a new value for what one of these memories states "
+        "(a price, an account, an address, terms), answer only\n"
+        "UPDATE <id>: <the memory rewritten with the new value>\n"
+        "using an id from the list above; otherwise answer with the summary.\n\n"
         "{conversation}\n\nSummary:"
     ),
     extraction_roles=MappingProxyType({"human": "User", "ai": "AI"}),
@@ -212,6 +245,17 @@ ZH = Prompts(
         "如果没有任何实质性内容，只返回 NONE。\n\n"
         "{conversation}\n\n总结："
     ),
+    extraction_update=(
+        "总结以下对话的核心语义。\n"
+        "保留任务目标、问题描述、解决方案、重要约束；\n"
+        "忽略礼貌用语、重复内容、确认性回复；\n"
+        "如果没有任何实质性内容，只返回 NONE。\n\n"
+        "已有的记忆（方括号内为 id）：\n{memories}\n\n"
+        "如果对话给出了其中某条记忆所述内容（价格、账号、地址、条款等）的新值，只返回\n"
+        "UPDATE <id>: <用新值改写后的记忆>\n"
+        "id 必须取自上面的列表；否则返回总结。\n\n"
+        "{conversation}\n\n总结："
+    ),
     extraction_roles=MappingProxyType({"human": "用户", "ai": "AI"}),
     consolidation=(
         "请分析以下对话，提取关键信息并更新长期记忆。\n"
@@ -268,6 +312,19 @@ CONSOLIDATED_HEADER = EN.context_consolidated
 MEMORIES_HEADER = EN.context_memories
 
 
+def memory_line(memory: Document) -> str:
+    """A long-term memory as one bullet of a prompt: ``- (2023-05-08) text``.
+
+    The date is the day its turn happened (``metadata["turn_at"]``: the session
+    date the caller gave, else when the turn was archived), so a model can answer
+    "when did ...". A memory spanning lines (a raw turn) is indented under its
+    bullet, so one memory stays one item.
+    """
+    day = str(memory.metadata.get("turn_at") or "")[:10]
+    text = memory.page_content.strip().replace("\n", "\n  ")
+    return f"- ({day}) {text}" if day else f"- {text}"
+
+
 def prompts_for(language: str) -> Prompts:
     """The default :class:`Prompts` of ``language``.
 
@@ -291,5 +348,6 @@ __all__ = [
     "ChainLabels",
     "CompressionLabels",
     "Prompts",
+    "memory_line",
     "prompts_for",
 ]

@@ -12,6 +12,7 @@ import re
 import reprlib
 import unicodedata
 from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -97,6 +98,140 @@ def nesting_depth(value: Any, limit: int) -> int:
     return deepest
 
 
+#: The key of a message's ``additional_kwargs`` (or ``response_metadata``) that
+#: says when its conversation took place; the long-term memory of the turn is
+#: dated by it (``turn_at``) instead of by the time it was archived.
+SESSION_DATE_KEY = "session_date"
+_MONTHS = {
+    name: number
+    for number, names in enumerate(
+        (
+            ("jan", "january"),
+            ("feb", "february"),
+            ("mar", "march"),
+            ("apr", "april"),
+            ("may",),
+            ("jun", "june"),
+            ("jul", "july"),
+            ("aug", "august"),
+            ("sep", "sept", "september"),
+            ("oct", "october"),
+            ("nov", "november"),
+            ("dec", "december"),
+        ),
+        start=1,
+    )
+    for name in names
+}
+# LoCoMo's session dates: "1:56 pm on 8 May, 2023".
+_SPOKEN_DATE = re.compile(
+    r"^\s*(?:(\d{1,2}):(\d{2})\s*([ap]\.?m\.?)\s+on\s+)?(\d{1,2})\s+([a-z]+)\.?,?\s+(\d{4})\s*$",
+    re.IGNORECASE,
+)
+
+
+class InvalidSessionDateError(ValueError):
+    """A message's session date (``additional_kwargs["session_date"]``) is not a date."""
+
+
+def parse_session_date(value: Any) -> datetime:
+    """A session date as the naive UTC ``datetime`` the archive stores.
+
+    Accepted: an ISO date or date-time string (``"2023-05-08"``,
+    ``"2023-05-08T13:56:00+02:00"``; an offset is converted to UTC, none means
+    UTC) and LoCoMo's spoken form (``"1:56 pm on 8 May, 2023"``, ``"8 May 2023"``).
+
+    Raises:
+        InvalidSessionDateError: If ``value`` is not such a string (the error
+            names the value).
+    """
+    if not isinstance(value, str):
+        msg = (
+            f"{SESSION_DATE_KEY} must be an ISO date string such as '2023-05-08', "
+            f"got a {type(value).__name__}: {_shown(value)}"
+        )
+        raise InvalidSessionDateError(msg)
+    text = value.strip()
+    try:
+        parsed = datetime.fromisoformat(text) if len(text) > 10 else None
+        if parsed is None:
+            parsed = datetime.combine(date.fromisoformat(text), datetime.min.time())
+    except ValueError:
+        parsed = _spoken_date(text)
+    if parsed is None:
+        msg = (
+            f"{SESSION_DATE_KEY} {_shown(value)} is not a date: give an ISO date such as "
+            "'2023-05-08' or '2023-05-08T13:56:00', or '1:56 pm on 8 May, 2023'"
+        )
+        raise InvalidSessionDateError(msg)
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(UTC).replace(tzinfo=None)
+    return parsed
+
+
+def _spoken_date(text: str) -> datetime | None:
+    found = _SPOKEN_DATE.match(text) if len(text) <= 40 else None
+    if found is None:
+        return None
+    hour, minute, half, day, month, year = found.groups()
+    number = _MONTHS.get(month.lower())
+    if number is None:
+        return None
+    clock = (0, 0)
+    if hour is not None:
+        if not 1 <= int(hour) <= 12:
+            return None
+        clock = (int(hour) % 12 + (12 if half.lower().startswith("p") else 0), int(minute))
+    try:
+        return datetime(int(year), number, int(day), *clock)
+    except ValueError:  # 31 February, minute 75
+        return None
+
+
+def time_bound(name: str, value: Any, *, end: bool = False) -> datetime | None:
+    """A ``since``/``until`` bound as a naive UTC ``datetime`` (``None`` stays ``None``).
+
+    Takes a ``datetime`` (aware ones converted to UTC), a ``date`` or a string
+    :func:`parse_session_date` reads. A bound given as a bare date with
+    ``end=True`` is the end of that day, so ``until="2023-05-08"`` includes the 8th.
+
+    Raises:
+        InvalidSessionDateError: If ``value`` is not a date (the error names it).
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        bound = value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+        return bound
+    whole_day = isinstance(value, date) or (
+        isinstance(value, str) and ":" not in value and "T" not in value.upper()
+    )
+    if isinstance(value, date):
+        bound = datetime.combine(value, datetime.min.time())
+    else:
+        try:
+            bound = parse_session_date(value)
+        except InvalidSessionDateError as exc:
+            raise InvalidSessionDateError(f"{name}: {exc}") from None
+    if end and whole_day:
+        bound = bound.replace(hour=23, minute=59, second=59, microsecond=999999)
+    return bound
+
+
+def session_date(message: BaseMessage) -> datetime | None:
+    """The session date a message carries, if any (see :data:`SESSION_DATE_KEY`).
+
+    Read from ``additional_kwargs``, else ``response_metadata``.
+
+    Raises:
+        InvalidSessionDateError: If the value there is not a date.
+    """
+    for fields in (message.additional_kwargs, message.response_metadata):
+        if isinstance(fields, dict) and fields.get(SESSION_DATE_KEY) is not None:
+            return parse_session_date(fields[SESSION_DATE_KEY])
+    return None
+
+
 def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
     """Return ``messages`` as a list, raising ``TypeError`` on anything else.
 
@@ -104,6 +239,7 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
         TypeError: If an element is not a ``BaseMessage``.
         ValueError: If a message's fields nest deeper than :data:`MAX_NESTING`
             (JSON that deep may be stored, then fail to load on a deeper stack).
+        InvalidSessionDateError: If a message's session date is not a date.
     """
     if isinstance(messages, (str, bytes, BaseMessage)):
         msg = f"expected a sequence of BaseMessage, got a single {type(messages).__name__}"
@@ -119,6 +255,11 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
         if depth > MAX_NESTING:
             msg = f"messages[{index}] nests more than {MAX_NESTING} levels deep"
             raise ValueError(msg)
+        try:
+            session_date(message)
+        except InvalidSessionDateError as exc:
+            msg = f"messages[{index}]: {exc}"
+            raise InvalidSessionDateError(msg) from None
     return result
 
 

@@ -42,7 +42,7 @@ from langchain_core.messages import (
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 
 from langchain_tiered_memory.core import steps
-from langchain_tiered_memory.core.prompts import Prompts, prompts_for
+from langchain_tiered_memory.core.prompts import Prompts, memory_line, prompts_for
 from langchain_tiered_memory.core.steps import (
     Call,
     Gather,
@@ -86,16 +86,6 @@ class _Context:
     memories: list[Document] = field(default_factory=list)
     consolidated: str = ""
     documents: list[Document] = field(default_factory=list)
-
-
-def _indent(text: str, prefix: str = "  ") -> str:
-    return text.replace("\n", "\n" + prefix)
-
-
-def _memory_line(doc: Document) -> str:
-    day = str(doc.metadata.get("turn_at") or "")[:10]
-    text = _indent(doc.page_content.strip())
-    return f"- ({day}) {text}" if day else f"- {text}"
 
 
 def _document_block(position: int, doc: Document) -> str:
@@ -385,7 +375,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             if memory_md:
                 section.append(f"### {labels.consolidated}\n{memory_md}")
             if context.memories:
-                lines = "\n".join(_memory_line(doc) for doc in context.memories)
+                lines = "\n".join(memory_line(doc) for doc in context.memories)
                 section.append(f"### {labels.retrieved}\n{lines}" if memory_md else lines)
             system.append("\n".join(section))
         if context.window:

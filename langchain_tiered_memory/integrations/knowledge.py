@@ -115,7 +115,9 @@ class KnowledgeBase:
             raise ValueError(msg)
         # Fail early, before any client is made.
         splitters = import_extra("langchain_text_splitters", "knowledge", "KnowledgeBase")
-        self.client = make_chroma_client(client, persist_directory, host, port)
+        self.client = make_chroma_client(
+            client, persist_directory, host, port, feature="KnowledgeBase"
+        )
         self.collection = self.client.get_or_create_collection(
             collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
         )

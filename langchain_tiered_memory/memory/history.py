@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -9,7 +10,8 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 
-from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER
+from langchain_tiered_memory.core.lifecycle import Drainable, Lifecycle
+from langchain_tiered_memory.core.prompts import CONSOLIDATED_HEADER, MEMORIES_HEADER, memory_line
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_optional_int,
@@ -101,14 +103,12 @@ def format_memory_context(consolidated: str, memories: Sequence[Document]) -> st
     if consolidated.strip():
         parts.append(f"{CONSOLIDATED_HEADER}\n{consolidated.strip()}")
     if memories:
-        # A raw-turn memory spans lines ("User: ...", "AI: ..."): indent them under
-        # their bullet so one memory stays one item.
-        items = ["- " + doc.page_content.strip().replace("\n", "\n  ") for doc in memories]
+        items = [memory_line(doc) for doc in memories]
         parts.append(MEMORIES_HEADER + "\n" + "\n".join(items))
     return "\n\n".join(parts)
 
 
-class TieredChatMessageHistory(BaseChatMessageHistory):
+class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
     """A chat history whose ``messages`` is a bounded window over a durable archive.
 
     Every message is archived before :meth:`add_messages` returns. ``messages`` is
@@ -175,6 +175,8 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         self.session_id = validate_id(session_id, "session_id")
         self.user_id = validate_optional_id(user_id, "user_id")
         self.backup = resolve_backup(backup, long_memory, consolidator, "history")
+        # An archive made here from a URL is this history's to release at its end.
+        self._own_backup = isinstance(backup, str)
         self.long_memory = long_memory
         self.consolidator = consolidator
         #: The tiers each write feeds, in the order their jobs are queued.
@@ -312,9 +314,18 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
         return self.consolidator.memory(self.session_id, user_id=self.user_id)
 
     def search_memories(
-        self, query: str, k: int = 10, scope: Literal["session", "user"] = "session"
+        self,
+        query: str,
+        k: int = 10,
+        scope: Literal["session", "user"] = "session",
+        *,
+        since: Any = None,
+        until: Any = None,
     ) -> list[Document]:
         """Long-term memories of this session (or, with ``scope="user"``, its user).
+
+        ``since``/``until`` keep the memories whose turn happened in that window
+        (see :meth:`ChromaLongMemory.search`).
 
         Raises:
             ValueError: If no ``long_memory`` was given, or ``scope="user"`` without
@@ -326,7 +337,13 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
             raise ValueError(msg)
         self.check_owner()
         return self.long_memory.search(
-            query, session_id=self.session_id, user_id=self.user_id, scope=scope, k=k
+            query,
+            session_id=self.session_id,
+            user_id=self.user_id,
+            scope=scope,
+            k=k,
+            since=since,
+            until=until,
         )
 
     def clear(self) -> None:
@@ -336,6 +353,27 @@ class TieredChatMessageHistory(BaseChatMessageHistory):
     async def aclear(self) -> None:
         """Async :meth:`clear`."""
         await self.backup.aclear(self.session_id, user_id=self.user_id)
+
+    def shutdown(self, drain_timeout: float | None = None) -> int:
+        """Let the tiers finish what is queued, within a bound (what a ``with`` block's end does).
+
+        Waits at most ``drain_timeout`` seconds in all (``None``: the largest of
+        the tiers' own ``drain_timeout``) for the tiers to process the queued jobs,
+        this session's turns among them, then releases an archive this history
+        opened from a URL string. The tiers keep running, since other histories
+        may share them: end them with their own ``with`` block or ``shutdown()``.
+        Jobs left over stay queued for the next process (one line says so).
+
+        Returns:
+            How many jobs were left queued.
+        """
+        tiers = [tier for tier in self.tiers if isinstance(tier, Drainable)]
+        bound = max((tier.drain_timeout for tier in tiers), default=0.0)
+        deadline = time.monotonic() + (bound if drain_timeout is None else drain_timeout)
+        left = sum(tier.drain(max(0.0, deadline - time.monotonic())) for tier in tiers)
+        if self._own_backup and isinstance(self.backup, Lifecycle):
+            self.backup.shutdown()
+        return left
 
     def all_messages(self) -> list[BaseMessage]:
         """Every archived message of the session, not just the window."""

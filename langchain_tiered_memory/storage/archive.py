@@ -52,6 +52,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from langchain_tiered_memory.core.lifecycle import Lifecycle
 from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -106,6 +107,30 @@ _SECRET_PARAM = re.compile(r"pass|pwd|secret|token|key|auth|cred", re.IGNORECASE
 TAIL_SCAN = 4096
 
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
+
+
+#: The databases the archive runs on (SQLAlchemy backend names), and how to name them.
+SUPPORTED_DATABASES = {
+    "sqlite": "sqlite:///path.db",
+    "mysql": "mysql+pymysql://user:pw@host/db",
+    "mariadb": "mariadb+pymysql://user:pw@host/db",
+}
+
+
+class UnsupportedDatabaseError(ValueError):
+    """The archive URL names a database the archive does not run on.
+
+    Attributes:
+        backend: The database the URL named, e.g. ``"postgresql"``.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        supported = ", ".join(SUPPORTED_DATABASES.values())
+        super().__init__(
+            f"the archive does not run on {backend!r}; supported databases: SQLite and "
+            f"MySQL/MariaDB ({supported})"
+        )
 
 
 class ArchiveUnavailableError(RuntimeError):
@@ -237,6 +262,33 @@ def default_home() -> Path:
     return Path(os.environ.get("TIERED_MEMORY_HOME") or ".tiered_memory")
 
 
+def default_url(home: str | Path | None = None) -> str:
+    """The archive of ``MySQLBackup()`` and of the ``tiered-memory`` command.
+
+    ``$TIERED_MEMORY_URL`` if set, else the SQLite file ``archive.sqlite3`` in the
+    home folder: a script and the command line run in the same folder (or with
+    the same variables) see the same archive.
+
+    Args:
+        home: The home folder (the command's ``--home``); ``None`` is
+            :func:`default_home`.
+    """
+    folder = Path(home) if home is not None else default_home()
+    return os.environ.get("TIERED_MEMORY_URL") or f"sqlite:///{folder / 'archive.sqlite3'}"
+
+
+def check_supported(url: URL) -> URL:
+    """``url`` if its database is one the archive runs on.
+
+    Raises:
+        UnsupportedDatabaseError: For any other database (PostgreSQL, Oracle...).
+    """
+    backend = url.get_backend_name()
+    if backend not in SUPPORTED_DATABASES:
+        raise UnsupportedDatabaseError(backend)
+    return url
+
+
 def _run_sync(
     engine: Engine, plan: Plan[T], options: dict[str, Any], read_only: bool, write: bool
 ) -> T:
@@ -275,7 +327,7 @@ def _encode(message: BaseMessage) -> list[str]:
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
 
 
-class MySQLBackup:
+class MySQLBackup(Lifecycle):
     """Append-only archive of every chat message, in MySQL or SQLite.
 
     Each message is stored with ``message_to_dict`` (tool calls, ids,
@@ -286,8 +338,11 @@ class MySQLBackup:
 
     Args:
         url: A SQLAlchemy URL or ``Engine``: ``mysql+pymysql://user:pw@host/db`` in
-            production, ``sqlite:///path.db`` embedded. ``None`` means a SQLite file
-            under ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``).
+            production, ``sqlite:///path.db`` embedded. ``None`` means
+            :func:`default_url`: ``$TIERED_MEMORY_URL``, else a SQLite file under
+            ``$TIERED_MEMORY_HOME`` (default ``./.tiered_memory``), as the
+            ``tiered-memory`` command reads it. Any other database raises
+            :class:`UnsupportedDatabaseError`.
         table_name: Base name of the archive's tables: letters, digits and
             underscores, at most :func:`max_table_name_length`
             (37) characters, so that every derived table and index name fits MySQL's
@@ -305,9 +360,10 @@ class MySQLBackup:
     Example:
         .. code-block:: python
 
-            backup = MySQLBackup("mysql+pymysql://app:secret@db:3306/chat")
-            backup.add_messages("s1", [HumanMessage("hi"), AIMessage("hello")])
-            backup.history("s1", limit=50)
+            with MySQLBackup("mysql+pymysql://app:secret@db:3306/chat") as backup:
+                backup.add_messages("s1", [HumanMessage("hi"), AIMessage("hello")])
+                backup.history("s1", limit=50)
+            # the pooled connections are closed (``async with`` closes the loop's too)
 
     """
 
@@ -322,13 +378,14 @@ class MySQLBackup:
         validate_table_name(table_name)
         self.timeout = check_number("timeout", timeout, 0, MAX_TIMEOUT, low_ok=False)
         if url is None:
-            home = default_home()
-            home.mkdir(parents=True, exist_ok=True)
-            url = f"sqlite:///{home / 'archive.sqlite3'}"
+            url = default_url()
+            if "TIERED_MEMORY_URL" not in os.environ:
+                default_home().mkdir(parents=True, exist_ok=True)
         if isinstance(url, Engine):
+            check_supported(url.url)
             self.engine = url
         else:
-            parsed = _password_in_userinfo(make_url(url))
+            parsed = _password_in_userinfo(check_supported(make_url(url)))
             self.engine = create_engine(
                 parsed, **_engine_defaults(parsed, engine_kwargs, timeout=self.timeout)
             )
@@ -1191,6 +1248,18 @@ class MySQLBackup:
         """Close the sync engine's pooled connections."""
         self.engine.dispose()
 
+    def shutdown(self) -> None:
+        """Close the pooled connections (what leaving a ``with`` block does).
+
+        The archive stays usable: a later call connects again.
+        """
+        self.dispose()
+
+    async def ashutdown(self) -> None:
+        """Close the running loop's async connections, then the sync ones."""
+        await self.adispose()
+        self.dispose()
+
     async def adispose(self) -> None:
         """Close the running loop's async engine and its pooled connections."""
         with self._async_lock:
@@ -1466,8 +1535,8 @@ _default_backups: dict[str, MySQLBackup] = {}
 
 
 def default_backup() -> MySQLBackup:
-    """The embedded SQLite archive under ``$TIERED_MEMORY_HOME``, one per folder."""
-    key = str(default_home().resolve())
+    """The archive of :func:`default_url`, one per URL (an embedded one per folder)."""
+    key = os.environ.get("TIERED_MEMORY_URL") or str(default_home().resolve())
     with _default_lock:
         backup = _default_backups.get(key)
         if backup is None:

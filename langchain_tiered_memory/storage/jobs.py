@@ -31,6 +31,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from langchain_core.messages import BaseMessage
 from sqlalchemy import Table, and_, delete, exists, false, func, insert, or_, select, update
 
+from langchain_tiered_memory.core.lifecycle import (
+    DRAIN_TIMEOUT,
+    Lifecycle,
+    drain_at_exit,
+    forget_at_exit,
+)
 from langchain_tiered_memory.core.turns import role_of, turn_ends, turn_starts
 from langchain_tiered_memory.core.validation import check_int, check_seconds
 from langchain_tiered_memory.storage.base import Plan, PlanRunner, WrittenBatch, utcnow
@@ -499,7 +505,7 @@ class JobQueue:
         return self.backup.run(self._depth_plan())
 
 
-class QueueWorker:
+class QueueWorker(Lifecycle):
     """Runs the jobs of a :class:`JobQueue` in a background thread.
 
     Subclasses implement :meth:`_process`, and may implement :meth:`_warm_up`
@@ -508,17 +514,33 @@ class QueueWorker:
     (jobs of this process) and polls every ``poll_interval`` seconds (jobs of
     other processes).
 
+    A script ends it with :meth:`shutdown` or a ``with`` block (``async with``
+    too): what is queued is processed for at most ``drain_timeout`` seconds, then
+    the thread stops. A worker whose thread runs is shut down the same way at
+    interpreter exit if the script did not do it (held weakly: this keeps nothing
+    alive). Jobs left over stay queued in the archive, one line says how many, and
+    the next process that opens the archive with this tier finishes them.
+
     Args:
         queue: The queue to drain.
         poll_interval: Seconds between polls when idle.
         batch_size: Jobs claimed per round.
         start: Start the thread now.
+        drain_timeout: Seconds :meth:`shutdown` (and the exit drain) may spend on
+            queued jobs, the model load included.
     """
 
     def __init__(
-        self, queue: JobQueue, *, poll_interval: float, batch_size: int, start: bool
+        self,
+        queue: JobQueue,
+        *,
+        poll_interval: float,
+        batch_size: int,
+        start: bool,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.queue = queue
+        self.drain_timeout = check_seconds("drain_timeout", drain_timeout, zero_ok=True)
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         self.batch_size = check_int("batch_size", batch_size)
         #: Seconds between lease renewals of the running batch (a third of the
@@ -571,6 +593,7 @@ class QueueWorker:
             target=self._run, name=f"tiered-memory-{type(self).__name__}", daemon=True
         )
         self._thread.start()
+        drain_at_exit(self)
 
     def notify(self) -> None:
         """Tell the worker that new jobs were queued."""
@@ -595,15 +618,72 @@ class QueueWorker:
         finally:
             self._stop.set()
             self._wake.set()
+            forget_at_exit(self)
             if self._thread is not None:
                 self._thread.join(timeout)
                 self._thread = None
 
-    def __enter__(self) -> QueueWorker:
-        return self
+    def drain(self, timeout: float | None = None) -> int:
+        """Process what is queued for at most ``timeout`` seconds in all; never raises a timeout.
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        Unlike :meth:`flush`, the bound includes the worker's warm-up (a model
+        load). Without a worker thread, batches run in this thread and the bound
+        is checked between them. Jobs still queued at the bound stay in the
+        archive for the next process; one warning line says how many.
+
+        Args:
+            timeout: Seconds; ``None`` is :attr:`drain_timeout`.
+
+        Returns:
+            How many jobs of this worker's kinds are still queued (0 when drained).
+        """
+        timeout = (
+            self.drain_timeout
+            if timeout is None
+            else check_seconds("timeout", timeout, zero_ok=True)
+        )
+        started = time.monotonic()
+        if self.queue.depth() == 0:
+            return 0
+        alive = self._thread is not None and self._thread.is_alive()
+        try:
+            if alive and not self._warmed.wait(timeout):
+                raise TimeoutError
+            self.flush(max(0.0, timeout - (time.monotonic() - started)), load_timeout=0)
+            return 0
+        except TimeoutError:
+            left = self.queue.depth()
+        if left:
+            logger.warning(
+                "%d %s jobs still queued after %.3g s; they stay in %r and the next process "
+                "that opens it with this tier finishes them",
+                left,
+                "/".join(self.queue.kinds),
+                timeout,
+                self.queue.backup,
+            )
+        return left
+
+    def shutdown(self, drain_timeout: float | None = None) -> int:
+        """:meth:`drain` for at most ``drain_timeout`` seconds, then stop the worker.
+
+        What leaving a ``with`` block does, and what runs at interpreter exit for a
+        worker that is still running.
+
+        Args:
+            drain_timeout: Seconds; ``None`` is :attr:`drain_timeout`.
+
+        Returns:
+            How many jobs were left queued for the next process.
+        """
+        started = time.monotonic()
+        try:
+            return self.drain(drain_timeout)
+        finally:
+            # A batch still running (a slow LLM) is not waited for: its jobs go back
+            # to the queue when this process is gone (JobQueue.reclaim_dead).
+            bound = self.drain_timeout if drain_timeout is None else drain_timeout
+            self.close(timeout=max(1.0, bound - (time.monotonic() - started)))
 
     def _loop(self) -> None:
         try:
@@ -712,7 +792,7 @@ class QueueWorker:
         readied = time.monotonic()
         while True:
             if self._thread is None or not self._thread.is_alive():
-                self.run_pending()
+                self.run_pending(max_batches=1)  # the deadline is checked between batches
             depth = self.queue.depth()
             if depth == 0:
                 return

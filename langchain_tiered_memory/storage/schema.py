@@ -173,9 +173,16 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         Column("source_ids", Text, nullable=False),
         Column("turn_at", _timestamp(), nullable=False),
         Column("created_at", _timestamp(), nullable=False),
+        # What the memory states a value of ("iban", "price:widget"), and the newer
+        # memory that states another value of it: the old one is kept, ranked after.
+        Column("subject", String(191), nullable=True),
+        Column("superseded_by", String(64), nullable=True),
         UniqueConstraint("session_id", "content_hash", name=f"uq_{name}_memories_hash"),
         Index(f"ix_{name}_memories_user_id_seq", "user_id", "seq"),
         Index(f"ix_{name}_memories_session_id_seq", "session_id", "seq"),
+        Index(f"ix_{name}_memories_subject_u", "user_id", "subject"),
+        Index(f"ix_{name}_memories_subject_s", "session_id", "subject"),
+        Index(f"ix_{name}_memories_superseded", "superseded_by"),
         **_MYSQL,
         **_GROWING,
     )
@@ -319,4 +326,21 @@ def ensure_columns(engine: Engine, tables: Iterable[Table]) -> list[str]:
                 continue  # another process added it first
             logger.info("added the column %s.%s", table.name, column.name)
             added.append(f"{table.name}.{column.name}")
+        if added:  # the indexes of the added columns (create_all skipped the table)
+            _ensure_indexes(engine, table)
     return added
+
+
+def _ensure_indexes(engine: Engine, table: Table) -> None:
+    """Create the indexes of ``table`` that the database lacks (idempotent)."""
+    present = {index["name"] for index in inspect(engine).get_indexes(table.name)}
+    for index in table.indexes:
+        if index.name in present:
+            continue
+        try:
+            index.create(engine)
+        except SQLAlchemyError:
+            if index.name not in {i["name"] for i in inspect(engine).get_indexes(table.name)}:
+                raise
+            continue  # another process created it first
+        logger.info("added the index %s", index.name)

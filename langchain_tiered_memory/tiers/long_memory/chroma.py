@@ -28,6 +28,8 @@ def make_chroma_client(
     persist_directory: str | Path | None = None,
     host: str | None = None,
     port: int = 8000,
+    *,
+    feature: str = "ChromaLongMemory",
 ) -> Any:
     """A ``chromadb`` client, telemetry off.
 
@@ -38,10 +40,11 @@ def make_chroma_client(
         host: A Chroma server (``chroma run``); used when neither ``client`` nor
             ``persist_directory`` is given.
         port: The server's port.
+        feature: What needs the client, named if the ``chroma`` extra is missing.
     """
     if client is not None:
         return client
-    chromadb = import_extra("chromadb", "chroma", "ChromaLongMemory")
+    chromadb = import_extra("chromadb", "chroma", feature)
     if persist_directory is None and host is not None:
         return chromadb.HttpClient(host=host, port=port, settings=chroma_settings())
     path = Path(persist_directory) if persist_directory else default_home() / "chroma"

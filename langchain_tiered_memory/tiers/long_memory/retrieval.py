@@ -16,15 +16,20 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from typing import Any, Literal
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tiered_memory.core.validation import check_int, validate_id
+from langchain_tiered_memory.core.validation import check_int, time_bound, validate_id
 from langchain_tiered_memory.storage.base import Plan
+from langchain_tiered_memory.text.embeddings import knows, similarity_floor
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
@@ -53,6 +58,10 @@ NEAR_POOL = 60
 #: the newest goes first. A query naming one value (an invoice number, the old
 #: price) scores that memory further ahead, and it stays ahead.
 RECENCY_MARGIN = 0.1
+#: Links followed from a superseded memory to the one that stands now.
+SUPERSEDE_HOPS = 8
+#: A ``since``/``until`` bound: a datetime, a date, or an ISO (or LoCoMo) date string.
+TimeBound = datetime | date | str | None
 _LABEL = re.compile(r"^[^:\n]{1,40}: ", re.MULTILINE)
 
 
@@ -95,6 +104,30 @@ class ScopeIndex:
 
 
 @dataclass(frozen=True)
+class TimeWindow:
+    """When the turns of the memories searched happened (bounds inclusive)."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @classmethod
+    def of(cls, since: TimeBound, until: TimeBound) -> TimeWindow:
+        """A validated window; a bare-date ``until`` includes that whole day."""
+        return cls(time_bound("since", since), time_bound("until", until, end=True))
+
+    @property
+    def bounded(self) -> bool:
+        """Whether it excludes anything."""
+        return self.since is not None or self.until is not None
+
+    def holds(self, row: Any) -> bool:
+        """Whether a memory's ``turn_at`` falls in the window."""
+        return (self.since is None or row.turn_at >= self.since) and (
+            self.until is None or row.turn_at <= self.until
+        )
+
+
+@dataclass(frozen=True)
 class ResolvedScope:
     """A validated scope: its SQL condition, cache key and metadata filter values."""
 
@@ -108,6 +141,32 @@ class ResolvedScope:
         return (self.session_id is None or row.session_id == self.session_id) and (
             self.user_id is None or row.user_id == self.user_id
         )
+
+    def heads_plan(
+        self, catalog: Catalog, rows: Sequence[Any], window: TimeWindow
+    ) -> Plan[dict[str, Any]]:
+        """For each superseded row, the memory of this scope that stands in its place.
+
+        The ``superseded_by`` links are followed (at most :data:`SUPERSEDE_HOPS`)
+        while they stay in the scope and the time window; a link to a memory that
+        is gone (forgotten) or outside them ends the walk.
+        """
+        current = {row.id: row.superseded_by for row in rows if row.superseded_by}
+        heads: dict[str, Any] = {}
+        for _ in range(SUPERSEDE_HOPS):
+            if not current:
+                break
+            fetched = yield from self.fresh_plan(catalog, sorted(set(current.values())))
+            following: dict[str, str] = {}
+            for origin, target in current.items():
+                row = fetched.get(target)
+                if row is None or not window.holds(row):
+                    continue
+                heads[origin] = row
+                if row.superseded_by and row.superseded_by != origin:
+                    following[origin] = row.superseded_by
+            current = following
+        return heads
 
     def fresh_plan(self, catalog: Catalog, ids: Sequence[str]) -> Plan[dict[str, Any]]:
         """The scope's rows among ``ids``, as they are now.
@@ -201,34 +260,63 @@ class MemorySearch:
         k: int,
         embedding: Embeddings,
         dense_weight: float,
+        since: TimeBound = None,
+        until: TimeBound = None,
     ) -> list[tuple[Any, float]]:
-        """The ``k`` best ``(catalog row, score)`` pairs of a scope for ``query``."""
+        """The ``k`` best ``(catalog row, score)`` pairs of a scope for ``query``.
+
+        Only memories whose turn happened between ``since`` and ``until`` count.
+        A memory superseded by a newer one of the scope (same subject, or an
+        extractor's ``UPDATE``) is preceded by the one that stands now.
+        """
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
             raise TypeError(msg)
         check_int("k", k)
+        window = TimeWindow.of(since, until)
         resolved = self.resolve(scope, session_id, user_id)
         index = self.scope_index(resolved)
-        if not index.rows:
+        allowed: set[str] | None = None
+        if window.bounded:  # the cached rows hold turn_at: filtered in process
+            allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
+        if not index.rows or allowed == set():
             return []
         pool = max(6 * k, 60)
-        languages = getattr(embedding, "languages", None)
-        if cjk_share(query) > 0.3 and languages is not None and "zh" not in languages:
-            dense_weight = 0.0
+        if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
+            dense_weight = 0.0  # a model that knows no Chinese would only add noise
         dense: dict[str, float] = {}
-        lexical = dict(index.bm25.search(query, pool))
+        if allowed is None:
+            lexical = dict(index.bm25.search(query, pool))
+        else:
+            hits = index.bm25.search(query, len(index.rows))
+            lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
         if dense_weight:
             vector = embedding.embed_query(query)
-            dense = self.dense(index, resolved, vector, pool, lexical)
+            dense = self.dense(index, resolved, vector, pool, lexical, allowed)
         # A few more than k: a correction ranked just below the value it corrects
         # moves up (see newer_first).
-        ranked = fuse(dense, lexical, dense_weight=dense_weight)[: k + max(k, 10)]
+        ranked = fuse(dense, lexical, dense_weight=dense_weight, floor=similarity_floor(embedding))[
+            : k + max(k, 10)
+        ]
         if not ranked:  # nothing matches at all: the newest memories
-            ranked = [(doc_id, 0.0) for doc_id in reversed(list(index.rows)[-k:])]
+            newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
+            ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
         ids = [doc_id for doc_id, _ in ranked]
-        rows = self.catalog.backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
-        found = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
-        return newer_first(found, values(query))[:k]
+        backup = self.catalog.backup
+        rows = backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
+        found = [
+            (rows[doc_id], score)
+            for doc_id, score in ranked
+            if doc_id in rows and window.holds(rows[doc_id])
+        ]
+        ordered = newer_first(found, values(query))
+        if any(row.superseded_by for row, _ in ordered[:k]):
+            heads = backup.run(
+                resolved.heads_plan(self.catalog, [row for row, _ in ordered[:k]], window),
+                read_only=True,
+            )
+            ordered = updates_first(ordered, heads)
+        return ordered[:k]
 
     def dense(
         self,
@@ -237,8 +325,11 @@ class MemorySearch:
         vector: Sequence[float],
         pool: int,
         lexical: dict[str, float],
+        allowed: set[str] | None = None,
     ) -> dict[str, float]:
         """Cosine similarity of the best ``pool`` memories and of every lexical hit.
+
+        With ``allowed`` (a time window), only those memories are candidates.
 
         Exact, in process, for a scope within ``exact_limit`` whose vectors are all
         in the catalog; otherwise the vector index's nearest, kept only if they are
@@ -250,19 +341,25 @@ class MemorySearch:
 
             query = unit_rows([vector])[0]
             sims = similarities(matrix, query)
+            if allowed is not None:
+                outside = np.fromiter((i not in allowed for i in index.ids), bool, len(index.ids))
+                sims = np.where(outside, -np.inf, sims)
             best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
-            dense = {index.ids[i]: float(sims[i]) for i in best}
+            dense = {index.ids[i]: float(sims[i]) for i in best if np.isfinite(sims[i])}
             position = index.position
             dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
             return dense
         try:
+            # A window leaves some of the nearest out: ask for more of them.
+            wanted = pool if allowed is None else 4 * pool
             hits = self.vectors.query(
-                vector, min(pool, len(index.rows)), resolved.session_id, resolved.user_id
+                vector, min(wanted, len(index.rows)), resolved.session_id, resolved.user_id
             )
         except Exception as exc:  # the index is unreachable: answer from the lexical side
             logger.warning("dense search unavailable (%s); using BM25 only", exc)
             return {}
-        dense = {doc_id: score for doc_id, score in hits if doc_id in index.rows}
+        scoped = index.rows if allowed is None else allowed
+        dense = {doc_id: score for doc_id, score in hits if doc_id in scoped}
         missing = [i for i in lexical if i not in dense]
         if missing:
             rows = self.catalog.backup.run(
@@ -290,6 +387,8 @@ def document(row: Any, score: float) -> Document:
             "source_ids": json.loads(row.source_ids),
             "context_ids": context_ids(row) or [],
             "turn_at": row.turn_at.isoformat(),
+            "subject": row.subject,
+            "superseded_by": row.superseded_by,
             "score": score,
         },
     )
@@ -369,6 +468,27 @@ def newer_first(
     return ordered
 
 
+def updates_first(
+    results: Sequence[tuple[Any, float]], heads: dict[str, Any]
+) -> list[tuple[Any, float]]:
+    """Results where each superseded memory comes right after the memory standing now.
+
+    The standing memory takes the superseded one's place (and score) unless it
+    ranked higher already; the superseded one stays, below it, with its provenance.
+    """
+    ordered: list[tuple[Any, float]] = []
+    placed: set[str] = set()
+    for row, score in results:
+        head = heads.get(row.id)
+        if head is not None and head.id not in placed:
+            ordered.append((head, score))
+            placed.add(head.id)
+        if row.id not in placed:
+            ordered.append((row, score))
+            placed.add(row.id)
+    return ordered
+
+
 def recency(row: Any) -> tuple[int, int]:
     """How new a memory is: its newest source message, then its catalog seq."""
     return max(json.loads(row.source_ids), default=0), int(row.seq)
@@ -377,7 +497,8 @@ def recency(row: Any) -> tuple[int, int]:
 class LongMemoryRetriever(BaseRetriever):
     """A retriever over one scope of a :class:`ChromaLongMemory`.
 
-    ``k`` may also be passed per call: ``retriever.invoke(query, k=3)``.
+    ``k``, ``since`` and ``until`` may also be passed per call:
+    ``retriever.invoke(query, k=3, since="2023-05-01")``.
     """
 
     long_memory: Any
@@ -385,14 +506,25 @@ class LongMemoryRetriever(BaseRetriever):
     user_id: str | None = None
     scope: Scope = "session"
     k: int = 10
+    since: TimeBound = None
+    until: TimeBound = None
+
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "user_id": self.user_id,
+            "scope": self.scope,
+            "k": kwargs.get("k", self.k),
+            "since": kwargs.get("since", self.since),
+            "until": kwargs.get("until", self.until),
+        }
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        return self.long_memory.search(
-            query,
-            session_id=self.session_id,
-            user_id=self.user_id,
-            scope=self.scope,
-            k=kwargs.get("k", self.k),
-        )
+        return self.long_memory.search(query, **self._options(kwargs))
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        return await self.long_memory.asearch(query, **self._options(kwargs))

@@ -21,14 +21,17 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 
+from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import Prompts
 from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.validation import InvalidSessionDateError, session_date
 from langchain_tiered_memory.storage.archive import ArchiveUnavailableError
 from langchain_tiered_memory.storage.base import Plan, WrittenBatch
 from langchain_tiered_memory.storage.jobs import (
@@ -43,7 +46,9 @@ from langchain_tiered_memory.tiers.extraction import (
     extraction_prompt,
     format_turn,
     parse_extraction,
+    parse_update,
     turn_prompts,
+    update_prompt,
 )
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
@@ -54,6 +59,7 @@ from langchain_tiered_memory.tiers.long_memory.catalog import (
     row_metadata,
     storable,
 )
+from langchain_tiered_memory.tiers.long_memory.subjects import subject_of
 from langchain_tiered_memory.tiers.long_memory.vectors import VectorIndex
 
 logger = logging.getLogger(__name__)
@@ -70,6 +76,22 @@ _ARTICLES = frozenset({"a", "an", "the"})
 #: pads less. Extraction is bound by the LLM: a smaller batch commits sooner.
 RAW_BATCH = 512
 EXTRACT_BATCH = 64
+
+
+def turn_time(turn: Sequence[TurnRow]) -> datetime:
+    """When a turn happened: the first session date its messages carry, else its archive time.
+
+    A stored date that does not parse (archived before dates were validated) is
+    passed over, so it never blocks the memory.
+    """
+    for row in turn:
+        try:
+            found = session_date(row.message)
+        except InvalidSessionDateError:
+            continue
+        if found is not None:
+            return found
+    return turn[0].created_at
 
 
 def default_batch_size(extractor: BaseChatModel | None) -> int:
@@ -253,6 +275,8 @@ class ExtractionWorker(QueueWorker):
         poll_interval: Seconds between queue polls when idle.
         batch_size: Jobs claimed per round.
         start: Start the worker thread now.
+        drain_timeout: Seconds :meth:`shutdown` (a ``with`` block's end, the
+            interpreter's exit) may spend on queued jobs.
     """
 
     warm_up_label = "the embedding model"
@@ -274,6 +298,7 @@ class ExtractionWorker(QueueWorker):
         poll_interval: float,
         batch_size: int,
         start: bool,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.catalog = catalog
         self.backup = catalog.backup
@@ -286,7 +311,13 @@ class ExtractionWorker(QueueWorker):
         self.extract_timeout = extract_timeout
         self.retry_base_delay = retry_base_delay
         self.idle_seconds = idle_seconds
-        super().__init__(queue, poll_interval=poll_interval, batch_size=batch_size, start=start)
+        super().__init__(
+            queue,
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+            start=start,
+            drain_timeout=drain_timeout,
+        )
 
     def _warm_up(self) -> None:
         """Load the embedding model in the worker thread, before its first job."""
@@ -303,16 +334,34 @@ class ExtractionWorker(QueueWorker):
         """
         return TurnJobs("extract", self.idle_seconds).enqueue_plan(batch)
 
-    def _extract(self, job: Job, turn: Sequence[BaseMessage]) -> tuple[str | None, str]:
-        """The memory text of a turn and its kind (``extracted`` or ``raw``)."""
+    def nearest(self, job: Job, text: str, own_id: str) -> list[tuple[str, str]]:
+        """``(id, text)`` of live memories of the job's scope near ``text`` (none here).
+
+        The extractor is offered these for ``UPDATE``; a tier that can search
+        (``ChromaLongMemory``) overrides it.
+        """
+        return []
+
+    def _extract(
+        self, job: Job, turn: Sequence[BaseMessage], own_id: str
+    ) -> tuple[str | None, str, str | None]:
+        """The memory text of a turn, its kind (``extracted`` or ``raw``) and what it updates."""
         prompts = turn_prompts(turn, self.language, self.prompts)
         if self.extractor is None or job.attempts >= self.max_attempts:
             raw = format_turn(turn, prompts)
-            return (storable(raw) if raw else None), "raw"
-        prompt, extractor = extraction_prompt(turn, prompts), self.extractor
+            return (storable(raw) if raw else None), "raw", None
+        offered = self.nearest(job, format_turn(turn, prompts), own_id)
+        if offered:
+            prompt = update_prompt(turn, prompts, offered)
+        else:
+            prompt = extraction_prompt(turn, prompts)
+        extractor = self.extractor
         answer = call_with_timeout(lambda: extractor.invoke(prompt), self.extract_timeout)
         text = parse_extraction(answer)
-        return (None if text is None else storable(text)), "extracted"
+        if text is None:
+            return None, "extracted", None
+        text, updates = parse_update(text, {memory_id for memory_id, _ in offered})
+        return storable(text), "extracted", updates
 
     def _process(self, jobs: Sequence[Job]) -> int:
         failed_sessions: set[str] = set()
@@ -334,8 +383,13 @@ class ExtractionWorker(QueueWorker):
                 empty.append(job)
                 continue
             messages = [r.message for r in turn if role_of(r.message) in ("human", "ai")]
+            # One memory per turn, keyed by where the turn starts: a turn that
+            # grows (another AI message) replaces it with the fuller text.
+            memory_id = digest(job.session_id, str(turn[0].id))[:32]
             try:
-                text, kind = self._extract(job, messages) if messages else (None, "raw")
+                text, kind, updates = (
+                    self._extract(job, messages, memory_id) if messages else (None, "raw", None)
+                )
             except Exception as exc:
                 failed_sessions.add(job.session_id)
                 self._fail(job, exc)
@@ -349,19 +403,19 @@ class ExtractionWorker(QueueWorker):
             context = self._context(before) if kind == "raw" else None
             fresh.append(
                 Memory(
-                    # One memory per turn, keyed by where the turn starts: a turn that
-                    # grows (another AI message) replaces it with the fuller text.
-                    id=digest(job.session_id, str(turn[0].id))[:32],
+                    id=memory_id,
                     job=job,
                     text=text,
                     kind=kind,
                     source_ids=[r.id for r in turn],
-                    turn_at=turn[0].created_at,
+                    turn_at=turn_time(turn),
                     content_hash=content_hash(text, kind),
                     context=context,
                     context_ids=[r.id for r in before if role_of(r.message) in ("human", "ai")],
                     turn_ids=[r.id for r in turn],
                     prefix_hashes=self._prefix_hashes(messages),
+                    subject=subject_of(text),
+                    supersedes=updates,
                 )
             )
         self.queue.release([job for job in jobs if job.id in skipped])

@@ -1,0 +1,102 @@
+"""What a memory states a value of: a small rule set, in English and Chinese.
+
+A memory whose sentence names a subject (a price of something, an IBAN, an
+account number, an address, payment terms, a phone number, an e-mail) *and* gives
+a value in that sentence (a number, or an ``@`` for an e-mail) has that subject.
+A newer memory with the same subject in the same scope supersedes the older one
+(see :meth:`~langchain_tiered_memory.tiers.long_memory.catalog.Catalog.commit_plan`):
+both are kept, and search ranks the newer first. Questions ("what is our IBAN?")
+state no value and have no subject.
+
+The rules are deliberately few and literal: a missed subject only means the older
+value is not marked, never that anything is lost.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: A subject key is at most this long (it is indexed in the catalog).
+SUBJECT_CHARS = 120
+_SENTENCE = re.compile(r"[^.!?。！？;；\n]+[.!?。！？;；]?")
+_VALUE = re.compile(r"\d|@")
+_ITEM_END = r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|=)\b|\s*[:=,(]|\s*$)"
+# An item is one to four words; the shortest that ends where the statement goes on.
+_EN_ITEM = r"((?:[a-z0-9][a-z0-9\-]* ){0,3}?[a-z0-9][a-z0-9\-]*)"
+# Subjects named by a fixed phrase, English and Chinese alike, in the order tried.
+_FIXED: dict[str, str] = {
+    "iban": r"\biban\b",
+    "email": r"\be-?mail(?: address)?\b|电子邮件|邮箱",
+    "account number": r"\b(?:bank )?account (?:number|no\b\.?)|账号|账户|帐号|帐户|卡号",
+    "payment terms": r"\bpayment (?:terms?|conditions?)\b|付款条件|付款方式|付款条款|账期|结算方式",
+    "phone": r"\b(?:phone|telephone|mobile)(?: number)?\b|电话|手机号|联系方式",
+    "address": r"\baddress\b|地址",
+}
+# A price names its item: "price of the M8 bolts", "M8 bolt price", "M8螺丝的价格".
+_PRICES = (
+    r"\b(?:unit )?price (?:of|for) (?:the |an? |our |my )?" + _EN_ITEM + _ITEM_END,
+    r"\b(?:the |our |my )?" + _EN_ITEM + r"(?:'s)? (?:unit )?price\b",
+    r"([A-Za-z0-9\-\u4e00-\u9fff]{1,20})(?:的)?(?:单价|价格|售价|报价)",
+)
+# (pattern, key); a key ending with ":" takes the captured item.
+_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    *((re.compile(pattern), key) for key, pattern in _FIXED.items()),
+    *((re.compile(pattern), "price:") for pattern in _PRICES),
+)
+# Words that come before a Chinese item without being part of it.
+_ZH_SPLIT = re.compile(r"[把将是了在和与及为对从给让请：:，,\s]")
+_ZH_PREFIXES = ("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请")
+_EN_STOP = frozenset(
+    {"a", "an", "the", "our", "my", "your", "their", "new", "current", "old", "that", "this"}
+    | {"these", "those", "and", "so", "then", "now", "is", "of", "for", "to", "said"}
+)
+
+
+def subject_of(text: str) -> str | None:
+    """The subject a memory text states a value of, or ``None``.
+
+    Args:
+        text: The memory's text (a raw turn's ``User: ...`` lines or a summary).
+
+    Returns:
+        A short key such as ``"iban"``, ``"address"``, ``"payment terms"`` or
+        ``"price:m8 bolt"``; the same key in English and Chinese where the subject
+        is the same (``"地址"`` is ``"address"``).
+    """
+    for sentence in _SENTENCE.findall(text[:4000]):
+        sentence = sentence.strip()
+        if not sentence or sentence[-1] in "?？" or not _VALUE.search(sentence):
+            continue
+        lowered = sentence.lower()
+        for pattern, key in _RULES:
+            found = pattern.search(lowered)
+            if found is None:
+                continue
+            if not key.endswith(":"):
+                return key
+            item = _item(found.group(1))
+            if item:
+                return (key + item)[:SUBJECT_CHARS]
+    return None
+
+
+def _item(raw: str) -> str:
+    """The thing a price is of, normalised: ``"the M8 bolts"`` -> ``"m8 bolt"``."""
+    if re.search(r"[\u4e00-\u9fff]", raw):
+        piece = _ZH_SPLIT.split(raw.rstrip("的"))[-1]
+        changed = True
+        while changed:
+            changed = False
+            for prefix in _ZH_PREFIXES:
+                if piece.startswith(prefix) and len(piece) > len(prefix):
+                    piece, changed = piece[len(prefix) :], True
+        return piece
+    words = raw.split()
+    stops = [i for i, w in enumerate(words) if w in _EN_STOP]
+    words = words[stops[-1] + 1 :] if stops else words
+    if not words or all(w.isdigit() for w in words):
+        return ""
+    last = words[-1]
+    if len(last) > 3 and last.endswith("s") and not last.endswith("ss"):
+        words[-1] = last[:-1]
+    return " ".join(words)

@@ -1,0 +1,278 @@
+"""Time in the long-term tier: when each memory's turn happened, and search by it.
+
+Issue 13 item 3. A message may carry its conversation's date
+(``additional_kwargs["session_date"]``); the memory of its turn is dated by it,
+otherwise by when the turn was archived. ``search`` (sync and async) and the
+retriever filter on that date, and every prompt shows it beside the memory, so a
+"when did ..." question can be answered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, create_tiered_chain
+from langchain_tiered_memory.core.prompts import memory_line
+from langchain_tiered_memory.core.validation import (
+    SESSION_DATE_KEY,
+    InvalidSessionDateError,
+    parse_session_date,
+)
+from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+
+from .fakes import ScriptedChatModel, replies
+from .long_memory_support import catalog
+
+MakeMemory = Callable[..., ChromaLongMemory]
+EVAL = Path(
+    os.environ.get("TIERED_MEMORY_EVAL", Path(__file__).resolve().parents[2] / "shared/eval")
+)
+
+
+def dated(text: str, when: str, *, ai: str = "Noted.") -> list[Any]:
+    """A turn whose messages say when their conversation took place."""
+    return [
+        HumanMessage(text, additional_kwargs={SESSION_DATE_KEY: when}),
+        AIMessage(ai, additional_kwargs={SESSION_DATE_KEY: when}),
+    ]
+
+
+def history(backup: MySQLBackup, memory: ChromaLongMemory, session_id: str, user_id: str = "u1"):
+    return TieredChatMessageHistory(session_id, user_id=user_id, backup=backup, long_memory=memory)
+
+
+# -- the date of a memory ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("2023-05-08", datetime(2023, 5, 8)),
+        ("2023-05-08T13:56:00", datetime(2023, 5, 8, 13, 56)),
+        ("2023-05-08T15:56:00+02:00", datetime(2023, 5, 8, 13, 56)),  # stored as UTC
+        ("1:56 pm on 8 May, 2023", datetime(2023, 5, 8, 13, 56)),  # LoCoMo's form
+        ("12:05 am on 1 January, 2024", datetime(2024, 1, 1, 0, 5)),
+        ("8 May 2023", datetime(2023, 5, 8)),
+    ],
+)
+def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: datetime) -> None:
+    assert parse_session_date(given) == expected
+
+
+@pytest.mark.parametrize(
+    "bad", ["yesterday", "2023-13-01", "31 February, 2023", "13:00 pm on 8 May, 2023", 20230508]
+)
+def test_a_bad_session_date_is_a_typed_error_naming_it(bad: Any) -> None:
+    with pytest.raises(InvalidSessionDateError, match=str(bad)):
+        parse_session_date(bad)
+
+
+def test_a_session_date_dates_the_memory_else_the_archive_time(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(dense_weight=0.0)
+    chat = history(backup, memory, "s1")
+    chat.add_messages(dated("I went to a support group yesterday.", "1:56 pm on 8 May, 2023"))
+    # Only the AI message carries it, in response_metadata (as a provider's would).
+    chat.add_messages(
+        [
+            HumanMessage("I ran a charity race last Saturday."),
+            AIMessage("Well done!", response_metadata={SESSION_DATE_KEY: "2023-05-25"}),
+        ]
+    )
+    before = utcnow()
+    chat.add_messages([HumanMessage("I adopted a puppy."), AIMessage("Lovely!")])
+    after = utcnow()
+    memory.run_pending()
+
+    rows = {row.text.splitlines()[0]: row for row in catalog(backup, "s1")}
+    assert rows["User: I went to a support group yesterday."].turn_at == datetime(
+        2023, 5, 8, 13, 56
+    )
+    assert rows["User: I ran a charity race last Saturday."].turn_at == datetime(2023, 5, 25)
+    undated = rows["User: I adopted a puppy."].turn_at
+    assert before - timedelta(seconds=1) <= undated <= after + timedelta(seconds=1)
+    # Every search result carries its date.
+    found = memory.search("support group charity race puppy", session_id="s1", k=10)
+    assert sorted(doc.metadata["turn_at"][:10] for doc in found) == sorted(
+        ["2023-05-08", "2023-05-25", undated.date().isoformat()]
+    )
+
+
+def test_a_bad_session_date_is_refused_before_anything_is_stored(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    chat = history(backup, memory, "s1")
+    with pytest.raises(InvalidSessionDateError, match="next tuesday") as raised:
+        chat.add_messages(dated("Book the room.", "next tuesday"))
+    assert "messages[0]" in str(raised.value)  # which message
+    with pytest.raises(InvalidSessionDateError, match="list"):
+        chat.add_messages([HumanMessage("x", additional_kwargs={SESSION_DATE_KEY: ["2023"]})])
+    assert backup.get_messages("s1") == []
+    assert memory.queue.depth() == 0
+
+
+# -- search by time ------------------------------------------------------------------
+
+MEETINGS = [
+    ("2023-05-08", "Budget meeting: we agreed the Q2 budget for the warehouse."),
+    ("2023-05-25", "Budget meeting: the warehouse budget was cut by ten percent."),
+    ("2023-06-09", "Budget meeting: the warehouse budget was restored."),
+]
+
+
+@pytest.fixture
+def meetings(make_memory: MakeMemory, backup: MySQLBackup) -> ChromaLongMemory:
+    memory = make_memory()
+    for n, (day, text) in enumerate(MEETINGS):
+        history(backup, memory, f"meeting-{n}").add_messages(dated(text, day))
+    memory.run_pending()
+    return memory
+
+
+def days(found: list[Document]) -> list[str]:
+    return sorted(doc.metadata["turn_at"][:10] for doc in found)
+
+
+def test_search_since_and_until_filter_on_when_the_turn_happened(
+    meetings: ChromaLongMemory,
+) -> None:
+    def search(**window: Any) -> list[str]:
+        return days(
+            meetings.search("warehouse budget meeting", user_id="u1", scope="user", **window)
+        )
+
+    assert search() == ["2023-05-08", "2023-05-25", "2023-06-09"]
+    assert search(since="2023-05-20") == ["2023-05-25", "2023-06-09"]
+    assert search(until="2023-05-25") == ["2023-05-08", "2023-05-25"]  # the whole day counts
+    assert search(until="2023-05-25T00:00:00") == ["2023-05-08", "2023-05-25"]
+    assert search(until="2023-05-24T23:59:59") == ["2023-05-08"]
+    assert search(since=date(2023, 5, 9), until=datetime(2023, 6, 1)) == ["2023-05-25"]
+    assert search(since="1:00 pm on 1 June, 2023") == ["2023-06-09"]
+    assert search(since="2024-01-01") == []
+    # No word matches: the newest memories of the window, still inside it.
+    assert days(meetings.search("zzz", user_id="u1", scope="user", until="2023-05-30")) == [
+        "2023-05-08",
+        "2023-05-25",
+    ]
+    with pytest.raises(InvalidSessionDateError, match="since"):
+        meetings.search("budget", user_id="u1", scope="user", since="last week")
+
+
+async def test_asearch_and_the_retriever_take_the_same_window(meetings: ChromaLongMemory) -> None:
+    found = await meetings.asearch(
+        "warehouse budget", user_id="u1", scope="user", since="2023-05-20", until="2023-06-01"
+    )
+    assert days(found) == ["2023-05-25"]
+    retriever = meetings.as_retriever(user_id="u1", scope="user", until="2023-05-08")
+    assert days(retriever.invoke("warehouse budget")) == ["2023-05-08"]
+    assert days(await retriever.ainvoke("warehouse budget", since="2023-05-01")) == ["2023-05-08"]
+    chat = history(meetings.backup, meetings, "meeting-2")
+    assert days(chat.search_memories("budget", scope="user", since="2023-06-01")) == ["2023-06-09"]
+    assert days(retriever.invoke("warehouse budget", until="2023-06-30")) == [
+        "2023-05-08",
+        "2023-05-25",
+        "2023-06-09",
+    ]
+
+
+# -- the date in the prompt ------------------------------------------------------------
+
+
+def test_memory_line_puts_the_day_before_the_text_and_indents_its_lines() -> None:
+    doc = Document("User: hi\nAI: hello", metadata={"turn_at": "2023-05-08T13:56:00"})
+    assert memory_line(doc) == "- (2023-05-08) User: hi\n  AI: hello"
+    assert memory_line(Document("a fact")) == "- a fact"  # a document of another store
+
+
+#: The example in LoCoMo's own format, for a checkout without the eval data beside it
+#: (the real file is read when it is there, see :func:`locomo`).
+LOCOMO_EXAMPLE: dict[str, Any] = {
+    "conversation": {
+        "speaker_a": "Caroline",
+        "speaker_b": "Melanie",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Caroline", "dia_id": "D1:1", "text": "Hey Mel! Good to see you!"},
+            {"speaker": "Melanie", "dia_id": "D1:2", "text": "Hey Caroline! How have you been?"},
+            {
+                "speaker": "Caroline",
+                "dia_id": "D1:3",
+                "text": "I went to a LGBTQ support group yesterday and it was so powerful.",
+            },
+            {"speaker": "Melanie", "dia_id": "D1:4", "text": "Wow, that's cool! How was it?"},
+        ],
+        "session_2_date_time": "1:14 pm on 25 May, 2023",
+        "session_2": [
+            {"speaker": "Melanie", "dia_id": "D2:1", "text": "I ran a charity race last Saturday."},
+            {"speaker": "Caroline", "dia_id": "D2:2", "text": "That's great, Mel!"},
+        ],
+    },
+    "qa": [
+        {
+            "question": "When did Caroline go to the LGBTQ support group?",
+            "answer": "7 May 2023",
+            "evidence": ["D1:3"],
+            "category": 2,
+        }
+    ],
+}
+
+
+def locomo() -> dict[str, Any]:
+    path = EVAL / "locomo_dev.json"
+    if not path.exists():
+        return LOCOMO_EXAMPLE
+    sample: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))[0]
+    return sample
+
+
+def test_a_locomo_temporal_question_gets_the_date_beside_the_fact(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """LoCoMo conversation 0, category 2: "When did Caroline go to the LGBTQ support group?"
+
+    The gold answer is 7 May 2023: the fact was said on 8 May ("yesterday"). The
+    prompt must put the session's date on the line of that fact.
+    """
+    sample = locomo()
+    conversation = sample["conversation"]
+    qa = next(
+        q for q in sample["qa"] if q["question"].startswith("When did Caroline go to the LGBTQ")
+    )
+    assert qa["category"] == 2 and qa["evidence"] == ["D1:3"]
+    memory = make_memory()
+    for n in (1, 2):
+        when = conversation[f"session_{n}_date_time"]
+        messages = [
+            (HumanMessage if turn["speaker"] == conversation["speaker_a"] else AIMessage)(
+                turn["text"], name=turn["speaker"], additional_kwargs={SESSION_DATE_KEY: when}
+            )
+            for turn in conversation[f"session_{n}"]
+        ]
+        history(backup, memory, f"locomo-{n}", user_id="caroline").add_messages(messages)
+    memory.run_pending()
+
+    llm = ScriptedChatModel(messages=replies())
+    chat = create_tiered_chain(llm, backup=backup, long_memory=memory, memory_scope="user", k=3)
+    chat.invoke(qa["question"], {"configurable": {"session_id": "ask", "user_id": "caroline"}})
+
+    system = llm.prompts[-1][0]
+    assert isinstance(system, SystemMessage)
+    # A raw turn's bullet shows the turn before it too: the fact may be in two.
+    bullets = re.split(r"\n(?=- )", system.text)
+    holding = [b for b in bullets if "Caroline: I went to a LGBTQ support group yesterday" in b]
+    assert holding, system.text
+    assert all(b.startswith("- (2023-05-08) ") for b in holding), holding

@@ -1,0 +1,340 @@
+"""Updates win: a newer value of the same subject ranks first, the older one is kept.
+
+Issue 13 item 4. In raw mode a memory's subject (a price of something, an IBAN,
+an address, payment terms...) is found by rule, in English and Chinese; the newer
+memory of a subject supersedes the older one of its scope, which stays in the
+catalog with its provenance, marked ``superseded_by``. With an LLM extractor the
+prompt offers the scope's nearest memories and the model may answer
+``UPDATE <id>: new text``; an id it was not offered is never applied.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+
+from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.core.validation import SESSION_DATE_KEY
+from langchain_tiered_memory.tiers.extraction import parse_update
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory.subjects import subject_of
+
+from .fakes import RecordingChatModel, replies
+from .long_memory_support import catalog, turn_ids
+
+MakeMemory = Callable[..., ChromaLongMemory]
+
+
+def tell(
+    backup: MySQLBackup,
+    memory: ChromaLongMemory,
+    session_id: str,
+    text: str,
+    when: str | None = None,
+    user_id: str | None = "u1",
+) -> None:
+    """One turn of a session (dated when ``when`` is given)."""
+    extra = {} if when is None else {SESSION_DATE_KEY: when}
+    TieredChatMessageHistory(
+        session_id, user_id=user_id, backup=backup, long_memory=memory
+    ).add_messages([HumanMessage(text, additional_kwargs=extra), AIMessage("OK.")])
+
+
+def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
+    """Catalog rows keyed by the first line of their text."""
+    return {row.text.splitlines()[0]: row for row in catalog(backup)}
+
+
+# -- the subject rules -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "subject"),
+    [
+        ("User: The price of the M8 bolts is 0.12 EUR.", "price:m8 bolt"),
+        ("User: Our M8 bolt price went up to 0.15 EUR.", "price:m8 bolt"),
+        ("User: Our IBAN is DE89 3704 0044 0532 0130 00.", "iban"),
+        ("User: Payment terms are net 30 days.", "payment terms"),
+        ("User: Ship to our new address: 12 Harbour Road, Leeds.", "address"),
+        ("用户：M8螺丝的价格是0.12元", "price:m8螺丝"),
+        ("用户：我们把M8螺丝的价格改为0.15元", "price:m8螺丝"),
+        ("用户：收货地址改为上海市浦东新区世纪大道100号", "address"),
+        ("用户：付款条件是月结60天", "payment terms"),
+        ("用户：我们的银行账号是6222 0000 1111", "account number"),
+        # No value stated, or not a known subject: no subject.
+        ("User: What is the price of the M8 bolts?", None),
+        ("User: I like the new address book.", None),
+        ("用户：M8螺丝的价格是多少？", None),
+        ("User: I run 3 times a week.", None),
+    ],
+)
+def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
+    assert subject_of(text) == subject
+
+
+# -- raw mode: recency by subject ----------------------------------------------------------
+
+CASES = {
+    "en-price": (
+        "Please note: the price of the M8 bolts is 0.12 EUR per piece for all orders this quarter.",
+        "Update from the supplier: M8 bolt price went up to 0.15 EUR.",
+        "What is the price of the M8 bolts per piece for orders this quarter?",
+    ),
+    "en-iban": (
+        "For all supplier invoices our IBAN is DE89 3704 0044 0532 0130 00, please use it.",
+        "We moved banks: IBAN GB33 BUKB 2020 1555 5555 55.",
+        "Which IBAN do we use for supplier invoices?",
+    ),
+    "zh-price": (
+        "请记住：M8螺丝的价格是每个0.12元，本季度所有订单都适用。",
+        "供应商通知：我们把M8螺丝的价格改为0.15元。",
+        "本季度所有订单M8螺丝每个的价格是多少？",
+    ),
+    "zh-address": (
+        "我们公司的收货地址是北京市朝阳区建国路88号，所有订单都寄到这里。",
+        "收货地址改为上海市浦东新区世纪大道100号。",
+        "所有订单寄到我们公司的收货地址是哪里？",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_newer_value_ranks_first_and_the_older_is_kept_marked_with_its_provenance(
+    make_memory: MakeMemory, backup: MySQLBackup, case: str
+) -> None:
+    old_text, new_text, question = CASES[case]
+    memory = make_memory()
+    tell(backup, memory, "s1", old_text, "2023-05-01")
+    tell(backup, memory, "s2", new_text, "2023-06-01")
+    tell(backup, memory, "s2", "Thanks, that is all for today.", "2023-06-01")
+    memory.run_pending()
+
+    rows = rows_by_text(backup)
+    old, new = (
+        rows[next(k for k in rows if old_text in k)],
+        rows[next(k for k in rows if new_text in k)],
+    )
+    assert old.subject == new.subject is not None
+    # Nothing merged or deleted: the old memory keeps its text, session, turn and date.
+    assert len(rows) == 3
+    assert old.superseded_by == new.id and new.superseded_by is None
+    assert (old.session_id, old.turn_at) == ("s1", datetime(2023, 5, 1))
+    assert old.source_ids == f"[{', '.join(map(str, turn_ids(backup, 's1')[0]))}]"
+
+    # The question is closer to the old wording, and the newer value still comes first.
+    found = memory.search(question, user_id="u1", scope="user", k=3)
+    texts = [doc.page_content for doc in found]
+    first = next(i for i, t in enumerate(texts) if new_text in t)
+    later = next(i for i, t in enumerate(texts) if old_text in t)
+    assert first < later, texts
+    assert found[later].metadata["superseded_by"] == new.id
+    assert found[first].metadata["superseded_by"] is None
+    assert found[later].metadata["source_ids"] == turn_ids(backup, "s1")[0]
+    # The first session alone holds only the old value (its successor is out of scope).
+    [alone] = memory.search(question, session_id="s1", k=3)
+    assert old_text in alone.page_content and alone.metadata["superseded_by"] == new.id
+    # Asked about a time before the change, the old value is the answer.
+    [before] = memory.search(question, user_id="u1", scope="user", k=3, until="2023-05-31")
+    assert old_text in before.page_content
+
+
+def test_a_session_imported_out_of_order_is_superseded_by_the_newer_one(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    for session_id, text, when in (
+        ("june", "Payment terms with ACME are now net 60 days.", "2023-06-01"),
+        ("may", "Payment terms with ACME are net 30 days.", "2023-05-01"),  # imported later
+    ):
+        tell(backup, memory, session_id, text, when)
+        memory.run_pending()  # one after the other
+    rows = rows_by_text(backup)
+    june = rows["User: Payment terms with ACME are now net 60 days."]
+    may = rows["User: Payment terms with ACME are net 30 days."]
+    assert may.superseded_by == june.id and june.superseded_by is None
+    found = memory.search("payment terms with ACME net days", user_id="u1", scope="user", k=2)
+    assert "net 60" in found[0].page_content
+
+
+def test_other_users_other_subjects_and_questions_are_left_alone(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    tell(backup, memory, "a1", "The price of the M8 bolts is 0.12 EUR.", "2023-05-01")
+    tell(backup, memory, "a1", "Our address is 12 Harbour Road, Leeds.", "2023-05-01")
+    tell(backup, memory, "b1", "The price of the M8 bolts is 0.20 EUR.", "2023-06-01", "u2")
+    tell(backup, memory, "a2", "What is the price of the M8 bolts?", "2023-06-02")
+    # Sessions without a user supersede within their session only.
+    tell(backup, memory, "x", "Our IBAN is DE89 3704 0044.", "2023-05-01", None)
+    tell(backup, memory, "y", "Our IBAN is GB33 BUKB 2020.", "2023-06-01", None)
+    tell(backup, memory, "y", "Correction: our IBAN is GB33 BUKB 9999.", "2023-06-02", None)
+    memory.run_pending()
+
+    rows = rows_by_text(backup)
+    assert all(
+        row.superseded_by is None for text, row in rows.items() if "GB33 BUKB 2020" not in text
+    ), {text: row.superseded_by for text, row in rows.items()}
+    assert (
+        rows["User: Our IBAN is GB33 BUKB 2020."].superseded_by
+        == rows["User: Correction: our IBAN is GB33 BUKB 9999."].id
+    )
+
+
+def test_an_older_archive_gains_the_columns_and_their_indexes(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    tell(backup, memory, "s1", "Our IBAN is DE89 3704 0044.", "2023-05-01")
+    memory.run_pending()
+    table = backup.tables.memories
+    new_indexes = [i for i in table.indexes if {"subject", "superseded_by"} & set(i.columns.keys())]
+    with backup.engine.begin() as conn:
+        for index in new_indexes:
+            index.drop(conn)
+        for column in ("subject", "superseded_by"):
+            conn.exec_driver_sql(f"ALTER TABLE {table.name} DROP COLUMN {column}")
+    reopened = MySQLBackup(
+        backup.url.render_as_string(hide_password=False), table_name=backup.table.name
+    )
+    try:
+        inspector = sa.inspect(reopened.engine)
+        assert {"subject", "superseded_by"} <= {
+            c["name"] for c in inspector.get_columns(table.name)
+        }
+        assert {i.name for i in new_indexes} <= {
+            i["name"] for i in inspector.get_indexes(table.name)
+        }
+        upgraded = make_memory(backup=reopened)
+        tell(reopened, upgraded, "s2", "Our IBAN is now GB33 BUKB 2020.", "2023-06-01")
+        upgraded.run_pending()
+        rows = rows_by_text(reopened)
+        # The old row has no subject (written before): kept, not superseded, found.
+        assert rows["User: Our IBAN is DE89 3704 0044."].subject is None
+        assert rows["User: Our IBAN is now GB33 BUKB 2020."].subject == "iban"
+        found = upgraded.search("IBAN", user_id="u1", scope="user", k=5)
+        assert len(found) == 2
+    finally:
+        reopened.dispose()
+
+
+# -- with an extractor: UPDATE <id> -----------------------------------------------------
+
+_OFFERED = re.compile(r"^\[([^\]]+)\] ", re.MULTILINE)
+
+
+class PromptedExtractor(RecordingChatModel):
+    """A fake extractor whose answer is computed from the prompt it is sent."""
+
+    respond: Any = None
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.prompts.append(list(messages))
+        answer = self.respond(str(messages[-1].content))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(answer))])
+
+
+def extractor(respond: Callable[[str], str]) -> PromptedExtractor:
+    return PromptedExtractor(messages=replies(), respond=respond)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "update", "heading"),
+    [
+        (
+            "ACME's contact person is Alice Smith.",
+            "ACME told us Bob Jones replaces Alice.",
+            "ACME's contact person is Bob Jones.",
+            "Existing memories",
+        ),
+        ("ACME的联系人是张伟。", "ACME说李娜接替张伟。", "ACME的联系人是李娜。", "已有的记忆"),
+    ],
+)
+def test_the_extractor_is_offered_the_nearest_memories_and_may_update_one(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    first: str,
+    second: str,
+    update: str,
+    heading: str,
+) -> None:
+    def respond(prompt: str) -> str:
+        offered = _OFFERED.findall(prompt)
+        return f"UPDATE {offered[0]}: {update}" if offered else f"Summary: {first}"
+
+    llm = extractor(respond)
+    memory = make_memory(extractor=llm)
+    tell(backup, memory, "s1", first)
+    memory.run_pending()
+    tell(backup, memory, "s2", second)
+    memory.run_pending()
+
+    first_prompt, second_prompt = (str(p[-1].content) for p in llm.prompts)
+    assert heading not in first_prompt  # nothing to update yet: the plain prompt
+    [old] = catalog(backup, "s1")
+    assert f"[{old.id}] Summary: {first}" in second_prompt and heading in second_prompt
+    [new] = catalog(backup, "s2")
+    assert new.text == update and new.kind == "extracted"
+    old = catalog(backup, "s1")[0]
+    assert old.text == f"Summary: {first}" and old.superseded_by == new.id  # kept, marked
+    found = memory.search(first, user_id="u1", scope="user", k=2)
+    assert [doc.page_content for doc in found] == [update, f"Summary: {first}"]
+
+
+def test_an_id_that_was_not_offered_is_never_applied(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """Another user's id, another session's, a made-up one, SQL: each is a new memory."""
+    plain = extractor(lambda prompt: "Summary: " + prompt.rsplit("User: ", 1)[-1].split("\n")[0])
+    seeding = make_memory(extractor=plain)
+    tell(backup, seeding, "mine", "Our courier is DHL.")
+    tell(backup, seeding, "theirs", "Our courier is UPS.", user_id="u2")
+    tell(backup, seeding, "loose", "Our courier is FedEx.", user_id=None)
+    seeding.run_pending()
+    ids = {row.session_id: row.id for row in catalog(backup)}
+    hostile = [
+        f"UPDATE {ids['theirs']}: courier changed to GLS",
+        f"UPDATE {ids['loose']}: courier changed to TNT",
+        "UPDATE ffffffffffffffffffffffffffffffff: courier changed to DPD",
+        f"UPDATE {ids['mine']}' OR '1'='1: courier changed to Hermes",
+        "UPDATE 1;DROP TABLE memories;--: courier changed to Royal Mail",
+        f"UPDATE {ids['mine']}--: courier changed to Aramex",
+    ]
+    answers = iter(hostile)
+    memory = make_memory(extractor=extractor(lambda prompt: next(answers)))
+    for n in range(len(hostile)):
+        tell(backup, memory, f"attack-{n}", f"Courier question number {n}.")
+        memory.run_pending()
+
+    rows = catalog(backup)
+    assert all(row.superseded_by is None for row in rows)  # nothing was marked
+    stored = {row.text for row in rows if row.session_id.startswith("attack-")}
+    assert stored == {
+        "courier changed to GLS",
+        "courier changed to TNT",
+        "courier changed to DPD",
+        # Not an update line at all: stored as the extractor wrote it.
+        f"UPDATE {ids['mine']}' OR '1'='1: courier changed to Hermes",
+        "UPDATE 1;DROP TABLE memories;--: courier changed to Royal Mail",
+        "courier changed to Aramex",
+    }
+    # The other scopes' memories are as they were.
+    assert {row.session_id: row.text for row in rows if row.session_id in ids} == {
+        "mine": "Summary: Our courier is DHL.",
+        "theirs": "Summary: Our courier is UPS.",
+        "loose": "Summary: Our courier is FedEx.",
+    }
+
+
+def test_parse_update_applies_only_an_offered_id() -> None:
+    offered = {"a" * 32}
+    assert parse_update(f"UPDATE {'a' * 32}: net 60", offered) == ("net 60", "a" * 32)
+    assert parse_update(f"update [{'a' * 32}]： 月结60天", offered) == ("月结60天", "a" * 32)
+    assert parse_update(f"UPDATE {'b' * 32}: net 60", offered) == ("net 60", None)
+    assert parse_update("net 60 days", offered) == ("net 60 days", None)

@@ -1,0 +1,70 @@
+"""A quiet library: no third-party progress bar or banner in a user's output unless asked.
+
+A real script in its own interpreter builds the default embedding (all-MiniLM-L6-v2 from
+its package, which transformers loads with a ``Loading weights`` bar) and the default
+long-term tier, uses them, and exits; everything it wrote to stdout and stderr is checked.
+Also here: an unsupported database is one typed error naming the supported ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from langchain_tiered_memory import MySQLBackup
+from langchain_tiered_memory.storage.archive import UnsupportedDatabaseError
+
+from .scripts import run_python
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SCRIPT = """
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_tiered_memory import ChromaLongMemory, TieredChatMessageHistory
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+
+vector = MiniLMEmbeddings({arguments}).embed_query("Which fields has ar_invoice?")
+long_memory = ChromaLongMemory()          # the embedded defaults: MiniLM, SQLite, Chroma
+history = TieredChatMessageHistory("s1", long_memory=long_memory)
+history.add_messages([HumanMessage("Invoices are due in 30 days."), AIMessage("Noted.")])
+long_memory.shutdown(drain_timeout=120)
+found = long_memory.search("when are invoices due?", session_id="s1")
+print("RESULT", len(vector), len(found))
+"""
+
+
+def test_the_default_embedding_and_tier_print_nothing(tmp_path: Path) -> None:
+    done = run_python(SCRIPT.format(arguments=""), tmp_path)
+    assert done.stdout == "RESULT 384 1\n"
+    assert done.stderr == ""  # no progress bar, no banner, no warning
+
+
+def test_progress_true_shows_the_bar(tmp_path: Path) -> None:
+    # The same script, asking for it: the bar the default hides is really there.
+    done = run_python(SCRIPT.format(arguments="progress=True"), tmp_path)
+    assert "Loading weights" in done.stderr
+    assert done.stdout.endswith("RESULT 384 1\n")
+
+
+@pytest.mark.parametrize(
+    ("url", "backend"),
+    [
+        ("postgresql://app:secret@db/chat", "postgresql"),
+        ("postgresql+psycopg://app:secret@db/chat", "postgresql"),
+        ("mssql+pyodbc://app:secret@dsn", "mssql"),
+    ],
+)
+def test_an_unsupported_database_is_one_typed_error(url: str, backend: str) -> None:
+    with pytest.raises(UnsupportedDatabaseError) as caught:
+        MySQLBackup(url)
+    error = caught.value
+    assert isinstance(error, ValueError)
+    assert error.backend == backend
+    message = str(error)
+    assert "\n" not in message and "secret" not in message
+    assert message == (
+        f"the archive does not run on {backend!r}; supported databases: SQLite and "
+        "MySQL/MariaDB (sqlite:///path.db, mysql+pymysql://user:pw@host/db, "
+        "mariadb+pymysql://user:pw@host/db)"
+    )
