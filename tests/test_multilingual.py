@@ -146,3 +146,26 @@ def test_a_bad_declared_floor_is_refused_when_the_tier_is_built(
 def test_e5_threads_must_be_a_positive_int(threads: Any) -> None:
     with pytest.raises(ValueError, match="threads must be a positive int"):
         MultilingualE5Embeddings(threads=threads)
+
+
+def test_a_conversation_as_the_query_also_leans_on_its_last_line(
+    backup: MySQLBackup, make_memory: MakeMemory
+) -> None:
+    """A query of several lines asks what its last line asks; the rest is context.
+
+    Embedded whole, the hiking lines outweigh the question and the hike comes first.
+    """
+    memory = make_memory(dense_weight=1.0)  # the dense side alone decides
+    chat = TieredChatMessageHistory("walks", user_id="u", backup=backup, long_memory=memory)
+    for fact in ("I went hiking on the ridge trail last weekend", "My cat only eats tuna"):
+        chat.add_messages([HumanMessage(fact), AIMessage("Noted.")])
+    memory.run_pending()
+    conversation = "\n".join(
+        [
+            "The weather was lovely for hiking",
+            "We hiked up the ridge trail again",
+            "What does my cat eat?",
+        ]
+    )
+    assert "tuna" in top(memory, conversation)
+    assert "hiking" in top(memory, conversation.replace("\n", " "))  # one line: as before
