@@ -286,6 +286,31 @@ def test_items_persist_for_a_new_store_on_the_same_database(
         first.backup.dispose()
 
 
+def test_with_and_async_with_close_the_connections_and_keep_the_items(
+    backend_url: str, table_name: str
+) -> None:
+    with TieredStore(backend_url, table_name=table_name) as store:
+        store.put(("users", "u1"), "k", {"text": "kept"})
+        pool = store.backup.engine.pool
+        assert pool.checkedin() >= 1  # a pooled connection stays open while in use
+    assert pool.checkedin() == 0
+
+    async def main() -> None:
+        async with TieredStore(backend_url, table_name=table_name) as again:
+            assert (await again.aget(("users", "u1"), "k")).value == {"text": "kept"}  # type: ignore[union-attr]
+            assert again.get(("users", "u1"), "k") is not None
+            sync_pool = again.backup.engine.pool
+            assert sync_pool.checkedin() >= 1
+        assert sync_pool.checkedin() == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.metadata.drop_all(store.backup.engine)
+        store.backup.metadata.drop_all(store.backup.engine)
+        store.backup.dispose()
+
+
 def test_concurrent_async_puts_all_land(store: TieredStore) -> None:
     async def main() -> None:
         try:

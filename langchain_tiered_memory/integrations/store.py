@@ -23,6 +23,7 @@ from langgraph.store.base import BaseStore, IndexConfig, Op, Result, TTLConfig, 
 from sqlalchemy import Engine, MetaData
 from sqlalchemy.engine import URL
 
+from langchain_tiered_memory.core.lifecycle import Lifecycle
 from langchain_tiered_memory.core.validation import check_number
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup
 from langchain_tiered_memory.storage.store import (
@@ -37,7 +38,7 @@ from langchain_tiered_memory.storage.store import (
 __all__ = ["InvalidFilterError", "InvalidKeyError", "TieredStore"]
 
 
-class TieredStore(BaseStore):
+class TieredStore(Lifecycle, BaseStore):
     """A LangGraph store in the archive database, with hybrid CJK-aware search.
 
     Items are namespaced JSON documents (``put``/``get``/``delete``/``search``/
@@ -47,7 +48,8 @@ class TieredStore(BaseStore):
     by BM25 over the indexed fields (Chinese is indexed by characters and bigrams),
     blended with cosine similarity when ``index`` has an ``embed``. Items may expire
     (``ttl`` in minutes, LangGraph's :class:`TTLConfig`); expired items are never
-    returned, and :meth:`sweep_ttl` deletes them.
+    returned, and :meth:`sweep_ttl` deletes them. ``with`` / ``async with`` close the
+    archive's pooled connections at the end (:meth:`shutdown`).
 
     Args:
         backup: The archive to live beside: a :class:`~langchain_tiered_memory.MySQLBackup`,
@@ -66,10 +68,10 @@ class TieredStore(BaseStore):
     Example:
         .. code-block:: python
 
-            store = TieredStore("mysql+pymysql://app:secret@db:3306/chat")
-            store.put(("users", "u1", "memories"), "m1", {"text": "喜欢乌龙茶"})
-            store.search(("users", "u1"), query="乌龙茶", limit=5)
-            agent = create_agent(llm, tools, store=store)
+            with TieredStore("mysql+pymysql://app:secret@db:3306/chat") as store:
+                store.put(("users", "u1", "memories"), "m1", {"text": "喜欢乌龙茶"})
+                store.search(("users", "u1"), query="乌龙茶", limit=5)
+                agent = create_agent(llm, tools, store=store)
 
     """
 
@@ -144,6 +146,14 @@ class TieredStore(BaseStore):
         if outcome.refresh:
             await self.backup.arun(self.planner.refresh_plan(outcome.refresh))
         return outcome.results
+
+    def shutdown(self) -> None:
+        """Close the archive's pooled connections; a later call connects again."""
+        self.backup.shutdown()
+
+    async def ashutdown(self) -> None:
+        """Async :meth:`shutdown` (the running loop's connections too)."""
+        await self.backup.ashutdown()
 
     def sweep_ttl(self) -> int:
         """Delete the items whose TTL has passed; returns how many."""
