@@ -27,6 +27,7 @@ from langchain_tiered_memory.core.validation import (
     SESSION_DATE_KEY,
     InvalidSessionDateError,
     parse_session_date,
+    time_bound,
 )
 from langchain_tiered_memory.storage.base import utcnow
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -76,6 +77,47 @@ def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: dat
 def test_a_bad_session_date_is_a_typed_error_naming_it(bad: Any) -> None:
     with pytest.raises(InvalidSessionDateError, match=str(bad)):
         parse_session_date(bad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    # Valid dates whose UTC is outside the years 1-9999.
+    ["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00", "0001-01-01T03:00:00+03:01"],
+)
+def test_a_date_that_leaves_the_calendar_in_utc_is_a_typed_error(
+    make_memory: MakeMemory, backup: MySQLBackup, bad: str
+) -> None:
+    with pytest.raises(InvalidSessionDateError, match=re.escape(bad)):
+        parse_session_date(bad)
+    memory = make_memory()
+    with pytest.raises(InvalidSessionDateError, match=re.escape(bad)):
+        history(backup, memory, "s1").add_messages(dated("Book the room.", bad))
+    assert backup.get_messages("s1") == []
+    moment = datetime.fromisoformat(bad)
+    for window in ({"since": moment}, {"until": moment}, {"until": bad}):
+        with pytest.raises(InvalidSessionDateError, match=r"since|until"):
+            memory.search("room", session_id="s1", **window)
+
+
+MONTHS = "January February March April May June July August September October November December"
+
+
+@pytest.mark.parametrize("month", MONTHS.split())
+def test_until_a_day_without_a_time_includes_that_whole_day(month: str) -> None:
+    number = MONTHS.split().index(month) + 1
+    end = datetime(2023, number, 8, 23, 59, 59, 999999)
+    for given in (
+        f"8 {month} 2023",
+        f"8 {month}, 2023",
+        f"8 {month[:3]} 2023",
+        f"2023-{number:02}-08",
+    ):
+        assert time_bound("until", given, end=True) == end, given
+        assert time_bound("since", given) == datetime(2023, number, 8), given
+    # With a time of day, the bound is that moment.
+    assert time_bound("until", f"2:10 pm on 8 {month}, 2023", end=True) == datetime(
+        2023, number, 8, 14, 10
+    )
 
 
 def test_a_session_date_dates_the_memory_else_the_archive_time(
@@ -169,6 +211,14 @@ def test_search_since_and_until_filter_on_when_the_turn_happened(
     ]
     with pytest.raises(InvalidSessionDateError, match="since"):
         meetings.search("budget", user_id="u1", scope="user", since="last week")
+    # A LoCoMo date as a bare-day bound: its whole day, whatever the month's letters.
+    assert search(until="25 May, 2023") == search(until="2023-05-25")
+    assert search(since="9 June 2023", until="9 June 2023") == ["2023-06-09"]
+    # A window that ends before it starts is bad input, not an empty answer.
+    with pytest.raises(InvalidSessionDateError, match="after until"):
+        meetings.search(
+            "budget", user_id="u1", scope="user", since="2023-06-01", until="2023-05-01"
+        )
 
 
 async def test_asearch_and_the_retriever_take_the_same_window(meetings: ChromaLongMemory) -> None:

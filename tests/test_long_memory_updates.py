@@ -73,6 +73,16 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: I like the new address book.", None),
         ("用户：M8螺丝的价格是多少？", None),
         ("User: I run 3 times a week.", None),
+        # A subject and a number in one sentence, but no value stated of the subject.
+        ("User: My phone battery died after 2 hours.", None),
+        ("用户：我今天打了3个电话", None),
+        ("User: I sent 3 emails to the IBAN team.", None),
+        ("User: The address book has 250 entries.", None),
+        ("用户：地址簿里有250个联系人", None),
+        ("User: My phone number is 555-0100.", "phone"),
+        ("用户：我的电话号码是13800138000", "phone"),
+        ("User: The IBAN team says our IBAN is GB33 BUKB 2020 1555 5555 55.", "iban"),
+        ("User: Our address changed to 5 Mill Lane.", "address"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -143,6 +153,55 @@ def test_the_newer_value_ranks_first_and_the_older_is_kept_marked_with_its_prove
     # Asked about a time before the change, the old value is the answer.
     [before] = memory.search(question, user_id="u1", scope="user", k=3, until="2023-05-31")
     assert old_text in before.page_content
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (
+            "Our IBAN is DE89 3704 0044 0532 0130 00.",
+            "Correction: our IBAN is GB33 BUKB 2020 1555 5555 55.",
+        ),
+        ("收货地址是北京市朝阳区建国路88号。", "收货地址改为上海市浦东新区世纪大道100号。"),
+    ],
+)
+@pytest.mark.parametrize("dated", [False, True])
+def test_a_value_stated_twice_at_the_same_time_ends_with_the_last_one_standing(
+    make_memory: MakeMemory, backup: MySQLBackup, first: str, second: str, dated: bool
+) -> None:
+    """One call with both turns (or one session date for both): the later turn stands."""
+    memory = make_memory()
+    extra = {SESSION_DATE_KEY: "2:10 pm on 8 October, 2023"} if dated else {}
+    chat = TieredChatMessageHistory("s1", user_id="u1", backup=backup, long_memory=memory)
+    chat.add_messages(
+        [
+            HumanMessage(first, additional_kwargs=extra),
+            AIMessage("Noted."),
+            HumanMessage(second, additional_kwargs=extra),
+            AIMessage("Noted."),
+        ]
+    )
+    memory.run_pending()
+    rows = rows_by_text(backup)
+    old = rows[next(k for k in rows if first in k)]
+    new = rows[next(k for k in rows if second in k)]
+    assert old.turn_at == new.turn_at
+    assert (old.superseded_by, new.superseded_by) == (new.id, None)  # never each other
+    found = memory.search(first, session_id="s1", k=2)
+    assert [second in doc.page_content for doc in found] == [True, False]
+
+
+def test_a_sentence_that_only_mentions_a_subject_does_not_bury_its_value(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    tell(backup, memory, "s1", "My phone number is 555-0100.")
+    tell(backup, memory, "s1", "My phone battery died after 2 hours.")
+    memory.run_pending()
+    rows = rows_by_text(backup)
+    assert all(row.superseded_by is None for row in rows.values())
+    [first, *_] = memory.search("What is my phone number?", session_id="s1", k=2)
+    assert "555-0100" in first.page_content
 
 
 def test_a_session_imported_out_of_order_is_superseded_by_the_newer_one(

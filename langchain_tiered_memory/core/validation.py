@@ -142,9 +142,14 @@ def parse_session_date(value: Any) -> datetime:
     UTC) and LoCoMo's spoken form (``"1:56 pm on 8 May, 2023"``, ``"8 May 2023"``).
 
     Raises:
-        InvalidSessionDateError: If ``value`` is not such a string (the error
-            names the value).
+        InvalidSessionDateError: If ``value`` is not such a string, or falls outside
+            the years 1-9999 once converted to UTC (the error names the value).
     """
+    return _read_date(value)[0]
+
+
+def _read_date(value: Any) -> tuple[datetime, bool]:
+    """``value`` as a naive UTC ``datetime``, and whether it gave a time of day."""
     if not isinstance(value, str):
         msg = (
             f"{SESSION_DATE_KEY} must be an ISO date string such as '2023-05-08', "
@@ -152,70 +157,93 @@ def parse_session_date(value: Any) -> datetime:
         )
         raise InvalidSessionDateError(msg)
     text = value.strip()
+    parsed: datetime | None
     try:
-        parsed = datetime.fromisoformat(text) if len(text) > 10 else None
-        if parsed is None:
-            parsed = datetime.combine(date.fromisoformat(text), datetime.min.time())
+        if len(text) > 10:
+            parsed, timed = datetime.fromisoformat(text), True
+        else:
+            parsed, timed = datetime.combine(date.fromisoformat(text), datetime.min.time()), False
     except ValueError:
-        parsed = _spoken_date(text)
+        parsed, timed = _spoken_date(text)
     if parsed is None:
         msg = (
             f"{SESSION_DATE_KEY} {_shown(value)} is not a date: give an ISO date such as "
             "'2023-05-08' or '2023-05-08T13:56:00', or '1:56 pm on 8 May, 2023'"
         )
         raise InvalidSessionDateError(msg)
-    if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(UTC).replace(tzinfo=None)
-    return parsed
+    return _naive_utc(parsed, value), timed
 
 
-def _spoken_date(text: str) -> datetime | None:
+def _naive_utc(moment: datetime, given: Any) -> datetime:
+    """``moment`` in UTC without its offset; refused when UTC leaves the years 1-9999."""
+    if moment.tzinfo is None:
+        return moment
+    try:
+        return moment.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError:
+        msg = f"{SESSION_DATE_KEY} {_shown(given)} falls outside the years 1-9999 in UTC"
+        raise InvalidSessionDateError(msg) from None
+
+
+def _spoken_date(text: str) -> tuple[datetime | None, bool]:
     found = _SPOKEN_DATE.match(text) if len(text) <= 40 else None
     if found is None:
-        return None
+        return None, False
     hour, minute, half, day, month, year = found.groups()
     number = _MONTHS.get(month.lower())
     if number is None:
-        return None
+        return None, False
     clock = (0, 0)
     if hour is not None:
         if not 1 <= int(hour) <= 12:
-            return None
+            return None, False
         clock = (int(hour) % 12 + (12 if half.lower().startswith("p") else 0), int(minute))
     try:
-        return datetime(int(year), number, int(day), *clock)
+        return datetime(int(year), number, int(day), *clock), hour is not None
     except ValueError:  # 31 February, minute 75
-        return None
+        return None, False
 
 
 def time_bound(name: str, value: Any, *, end: bool = False) -> datetime | None:
     """A ``since``/``until`` bound as a naive UTC ``datetime`` (``None`` stays ``None``).
 
     Takes a ``datetime`` (aware ones converted to UTC), a ``date`` or a string
-    :func:`parse_session_date` reads. A bound given as a bare date with
-    ``end=True`` is the end of that day, so ``until="2023-05-08"`` includes the 8th.
+    :func:`parse_session_date` reads. A bound given as a date without a time of
+    day, with ``end=True``, is the end of that day, so ``until="2023-05-08"`` (or
+    ``"8 October 2023"``) includes that whole day.
 
     Raises:
         InvalidSessionDateError: If ``value`` is not a date (the error names it).
     """
     if value is None:
         return None
-    if isinstance(value, datetime):
-        bound = value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
-        return bound
-    whole_day = isinstance(value, date) or (
-        isinstance(value, str) and ":" not in value and "T" not in value.upper()
-    )
-    if isinstance(value, date):
-        bound = datetime.combine(value, datetime.min.time())
-    else:
-        try:
-            bound = parse_session_date(value)
-        except InvalidSessionDateError as exc:
-            raise InvalidSessionDateError(f"{name}: {exc}") from None
-    if end and whole_day:
+    try:
+        if isinstance(value, datetime):
+            return _naive_utc(value, value)
+        if isinstance(value, date):
+            bound, timed = datetime.combine(value, datetime.min.time()), False
+        else:
+            bound, timed = _read_date(value)
+    except InvalidSessionDateError as exc:
+        raise InvalidSessionDateError(f"{name}: {exc}") from None
+    if end and not timed:
         bound = bound.replace(hour=23, minute=59, second=59, microsecond=999999)
     return bound
+
+
+def time_window(since: Any, until: Any) -> tuple[datetime | None, datetime | None]:
+    """``since`` and ``until`` as :func:`time_bound` reads them, checked to be in order.
+
+    ``until`` given as a date without a time of day runs to the end of that day.
+
+    Raises:
+        InvalidSessionDateError: If either is not a date, or ``since`` is after ``until``.
+    """
+    start, end = time_bound("since", since), time_bound("until", until, end=True)
+    if start is not None and end is not None and start > end:
+        msg = f"since ({_shown(since)}) is after until ({_shown(until)}): no memory can match"
+        raise InvalidSessionDateError(msg)
+    return start, end
 
 
 def session_date(message: BaseMessage) -> datetime | None:

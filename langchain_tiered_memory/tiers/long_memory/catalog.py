@@ -302,11 +302,13 @@ class Catalog:
 
         An extractor's ``UPDATE <id>`` marks that memory, if it is of the same
         scope (checked again here, in SQL). A memory with a subject marks the
-        live memories of its scope with that subject: the older ones (by
-        ``turn_at``) are superseded by it, and it is superseded by a newer one
-        if the scope already holds one (a session imported out of order). One
-        indexed lookup per memory with a subject, oldest first, so a batch that
-        states a value twice ends with the last one live.
+        live memories of its scope with that subject: the older ones are
+        superseded by it, and it is superseded by a newer one if the scope already
+        holds one (a session imported out of order). Older and newer are by
+        ``(turn_at, seq)``: turns of one session often share a date, and the
+        catalog's order breaks the tie, so two memories never supersede each other
+        and a batch that states a value twice ends with the last one live. One
+        indexed lookup per memory with a subject.
         """
         c = self.table.c
         for memory in sorted(written, key=lambda m: m.turn_at):
@@ -319,12 +321,19 @@ class Catalog:
                 )
             if memory.subject is None:
                 continue
-            result = yield select(c.id, c.turn_at, c.seq).where(
-                scope, c.subject == memory.subject, c.superseded_by.is_(None), c.id != memory.id
+            result = yield select(c.id, c.turn_at, c.seq, c.superseded_by).where(
+                scope,
+                c.subject == memory.subject,
+                c.superseded_by.is_(None) | (c.id == memory.id),
             )
-            live = result.all()
-            older = [row.id for row in live if row.turn_at <= memory.turn_at]
-            newer = [row for row in live if row.turn_at > memory.turn_at]
+            rows = result.all()
+            mine = next((row for row in rows if row.id == memory.id), None)
+            if mine is None:  # not in this scope's catalog (merged away)
+                continue
+            order = (mine.turn_at, mine.seq)
+            live = [row for row in rows if row.id != memory.id and row.superseded_by is None]
+            older = [row.id for row in live if (row.turn_at, row.seq) < order]
+            newer = [row for row in live if (row.turn_at, row.seq) > order]
             if older:
                 yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory.id)
             if newer:

@@ -27,7 +27,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tiered_memory.core.validation import check_int, time_bound, validate_id
+from langchain_tiered_memory.core.validation import check_int, time_window, validate_id
 from langchain_tiered_memory.storage.base import Plan
 from langchain_tiered_memory.text.embeddings import knows, similarity_floor
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
@@ -112,8 +112,12 @@ class TimeWindow:
 
     @classmethod
     def of(cls, since: TimeBound, until: TimeBound) -> TimeWindow:
-        """A validated window; a bare-date ``until`` includes that whole day."""
-        return cls(time_bound("since", since), time_bound("until", until, end=True))
+        """A validated window; a bare-date ``until`` includes that whole day.
+
+        Raises:
+            InvalidSessionDateError: A bound is not a date, or ``since`` is after ``until``.
+        """
+        return cls(*time_window(since, until))
 
     @property
     def bounded(self) -> bool:

@@ -1,8 +1,11 @@
 """What a memory states a value of: a small rule set, in English and Chinese.
 
 A memory whose sentence names a subject (a price of something, an IBAN, an
-account number, an address, payment terms, a phone number, an e-mail) *and* gives
-a value in that sentence (a number, or an ``@`` for an e-mail) has that subject.
+account number, an address, payment terms, a phone number, an e-mail) and states
+its value there has that subject: the subject, then a link (``is``, ``:``,
+``changed to``, ``是``, ``改为``...) or nothing (a label: ``IBAN GB33 ...``), then a
+value (a number, or an ``@`` for an e-mail). "My phone battery died after 2 hours"
+and "我今天打了3个电话" name a subject and hold a number, but state no value of it.
 A newer memory with the same subject in the same scope supersedes the older one
 (see :meth:`~langchain_tiered_memory.tiers.long_memory.catalog.Catalog.commit_plan`):
 both are kept, and search ranks the newer first. Questions ("what is our IBAN?")
@@ -20,6 +23,26 @@ import re
 SUBJECT_CHARS = 120
 _SENTENCE = re.compile(r"[^.!?。！？;；\n]+[.!?。！？;；]?")
 _VALUE = re.compile(r"\d|@")
+# A value right after the subject's name, as on a label: a code or number, an e-mail.
+_LABELLED = re.compile(r"\s*(?:[a-z]{0,4}\d|[\w.+-]+@)")
+# What joins a subject to the value stated of it, right after the subject's name or a
+# short qualifier of it ("payment terms with ACME are ...", "address of the warehouse is").
+_LINK = re.compile(
+    r"""(?:\s+(?:with|for|of|at|from|in|on)\s+[\w&.'-]+(?:\s+[\w&.'-]+){0,2}?)?
+    \s*(?:
+        (?:(?:is|are|was|were|becomes|became|remains|stays|will\s+be|has\s+been|have\s+been)
+           (?:\s+(?:now|still|currently))?\b)
+      | (?:now|currently)\b
+      | (?:(?:has\s+|have\s+)?(?:changed|changes|went|goes|rose|rises|fell|falls|dropped|drops
+            |increased|decreased|moved|moves|updated|switched)
+           (?:\s+(?:up|down))?(?:\s+(?:to|from))?\b)
+      | (?:to|at)\b
+      | [:=：＝]
+      | (?:号码|号)?(?:现在|目前|已经|已)?(?:是|为|改为|改成|换成|变为|变成|更新为|调整为|调为
+            |涨到|涨至|降到|降至|调到|调至|：|:)
+    )""",
+    re.VERBOSE,
+)
 _ITEM_END = r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|=)\b|\s*[:=,(]|\s*$)"
 # An item is one to four words; the shortest that ends where the statement goes on.
 _EN_ITEM = r"((?:[a-z0-9][a-z0-9\-]* ){0,3}?[a-z0-9][a-z0-9\-]*)"
@@ -69,15 +92,23 @@ def subject_of(text: str) -> str | None:
             continue
         lowered = sentence.lower()
         for pattern, key in _RULES:
-            found = pattern.search(lowered)
-            if found is None:
-                continue
-            if not key.endswith(":"):
-                return key
-            item = _item(found.group(1))
-            if item:
-                return (key + item)[:SUBJECT_CHARS]
+            for found in pattern.finditer(lowered):
+                if not _states_value(lowered[found.end() :]):
+                    continue
+                if not key.endswith(":"):
+                    return key
+                item = _item(found.group(1))
+                if item:
+                    return (key + item)[:SUBJECT_CHARS]
     return None
+
+
+def _states_value(rest: str) -> bool:
+    """Whether the text after a subject's name links it to a value, or is one."""
+    if _LABELLED.match(rest):  # "IBAN GB33 ...", "电话13800138000"
+        return True
+    link = _LINK.match(rest)
+    return link is not None and _VALUE.search(rest, link.end()) is not None
 
 
 def _item(raw: str) -> str:
