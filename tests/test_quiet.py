@@ -3,14 +3,18 @@
 A real script in its own interpreter builds the default embedding (all-MiniLM-L6-v2 from
 its package, which transformers loads with a ``Loading weights`` bar) and the default
 long-term tier, uses them, and exits; everything it wrote to stdout and stderr is checked.
-Also here: an unsupported database is one typed error naming the supported ones.
+Also here: an unsupported database (or driver) is one typed error naming the supported
+ones, and a supported one works however its URL spells the driver.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+from langchain_core.messages import HumanMessage
+from sqlalchemy.engine import make_url
 
 from langchain_tiered_memory import MySQLBackup
 from langchain_tiered_memory.storage.archive import UnsupportedDatabaseError
@@ -68,3 +72,58 @@ def test_an_unsupported_database_is_one_typed_error(url: str, backend: str) -> N
         "MySQL/MariaDB (sqlite:///path.db, mysql+pymysql://user:pw@host/db, "
         "mariadb+pymysql://user:pw@host/db)"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        ("mysql+mysqlconnector://app:secret@db/chat", "mysqlconnector"),
+        ("mariadb+mariadbconnector://app:secret@db/chat", "mariadbconnector"),
+        ("sqlite+pysqlcipher://:secret@/chat.db", "pysqlcipher"),
+    ],
+)
+def test_another_driver_of_a_supported_database_is_one_typed_error(url: str, driver: str) -> None:
+    with pytest.raises(UnsupportedDatabaseError) as caught:
+        MySQLBackup(url)
+    assert caught.value.driver == driver
+    message = str(caught.value)
+    assert "\n" not in message and "secret" not in message
+    assert repr(driver) in message and "supported databases" in message
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "{backend}",  # no driver: the archive's own
+        "{BACKEND}",  # names are case-insensitive
+        "{backend}+{async_driver}",  # the async twin: the archive derives it itself
+        "{BACKEND}+{SYNC_DRIVER}",
+    ],
+)
+def test_a_supported_database_works_however_its_url_spells_the_driver(
+    backend_url: str, table_name: str, spelling: str
+) -> None:
+    url = make_url(backend_url)
+    backend = url.get_backend_name()
+    names = {
+        "backend": backend,
+        "BACKEND": backend.upper(),
+        "async_driver": {"sqlite": "aiosqlite", "mysql": "aiomysql"}[backend],
+        "SYNC_DRIVER": {"sqlite": "pysqlite", "mysql": "pymysql"}[backend].upper(),
+    }
+    spelled = url.set(drivername=spelling.format(**names))
+    archive = MySQLBackup(spelled, table_name=table_name)
+    try:
+        archive.add_messages("s1", [HumanMessage("kept")])
+
+        async def read() -> list[str]:
+            try:
+                return [str(m.content) for m in await archive.aget_messages("s1")]
+            finally:
+                await archive.adispose()
+
+        assert asyncio.run(read()) == ["kept"]
+        assert [str(m.content) for m in archive.get_messages("s1")] == ["kept"]
+    finally:
+        archive.metadata.drop_all(archive.engine)
+        archive.dispose()

@@ -157,6 +157,48 @@ def test_a_slow_extractor_leaves_the_job_queued_with_one_line(tmp_path: Path) ->
         backup.dispose()
 
 
+MANY_TIERS = """
+import json, time
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_tiered_memory import ChromaLongMemory, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.cli.llms import ScriptedChatModel
+from tests.fakes import HashEmbeddings
+
+class Sleepy(ScriptedChatModel):
+    def _generate(self, *args, **kwargs):
+        time.sleep({slow})
+        return super()._generate(*args, **kwargs)
+
+backup = MySQLBackup("sqlite:///archive.sqlite3")
+for n in range({tiers}):
+    tier = ChromaLongMemory(persist_directory="chroma", collection_name=f"tier{{n}}",
+                            backup=backup, embedding=HashEmbeddings(), extractor=Sleepy(),
+                            extract_timeout=120, drain_timeout={bound})
+    history = TieredChatMessageHistory(f"s{{n}}", backup=backup, long_memory=tier)
+    history.add_messages([HumanMessage("hello"), AIMessage("hi")])
+time.sleep(1)  # every worker is inside its slow extraction
+print("WRITTEN " + json.dumps(time.monotonic()), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_exit_drain_of_several_busy_tiers_keeps_one_bound_in_all(tmp_path: Path) -> None:
+    """The bound covers every tier's drain and the wait for its thread, together."""
+    tiers, bound = 4, 0.5
+    done = run_python(MANY_TIERS.format(slow=SLOW, tiers=tiers, bound=bound), tmp_path)
+    ended = time.monotonic()
+    [written] = [line for line in done.stdout.splitlines() if line.startswith("WRITTEN ")]
+    seconds = ended - json.loads(written.removeprefix("WRITTEN "))
+    # One bound (0.5 s) plus the interpreter's teardown; a second per busy tier was 4.5 s.
+    assert seconds < bound + 2.5, seconds
+    assert len([line for line in done.stderr.splitlines() if "still queued" in line]) == tiers
+    backup = MySQLBackup(f"sqlite:///{tmp_path / 'archive.sqlite3'}")
+    try:
+        assert len(queued(backup)) == tiers  # left for the next process, none lost
+    finally:
+        backup.dispose()
+
+
 # -- context managers --------------------------------------------------------------------
 
 

@@ -109,6 +109,10 @@ TAIL_SCAN = 4096
 _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "mysql": "aiomysql", "mariadb": "aiomysql"}
 
 
+#: The sync driver the archive runs each database with: its timeouts are PyMySQL's.
+#: A URL naming the async twin (``_ASYNC_DRIVERS``) or no driver gets this one.
+_SYNC_DRIVERS = {"sqlite": "pysqlite", "mysql": "pymysql", "mariadb": "pymysql"}
+
 #: The databases the archive runs on (SQLAlchemy backend names), and how to name them.
 SUPPORTED_DATABASES = {
     "sqlite": "sqlite:///path.db",
@@ -124,13 +128,18 @@ class UnsupportedDatabaseError(ValueError):
         backend: The database the URL named, e.g. ``"postgresql"``.
     """
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, driver: str | None = None) -> None:
         self.backend = backend
+        self.driver = driver
         supported = ", ".join(SUPPORTED_DATABASES.values())
-        super().__init__(
-            f"the archive does not run on {backend!r}; supported databases: SQLite and "
-            f"MySQL/MariaDB ({supported})"
-        )
+        if driver is None:
+            problem = f"the archive does not run on {backend!r}"
+        else:
+            problem = (
+                f"the archive does not run {backend} through {driver!r}: it uses "
+                f"{_SYNC_DRIVERS[backend]!r} (and {_ASYNC_DRIVERS[backend]!r} for async calls)"
+            )
+        super().__init__(f"{problem}; supported databases: SQLite and MySQL/MariaDB ({supported})")
 
 
 class ArchiveUnavailableError(RuntimeError):
@@ -277,16 +286,30 @@ def default_url(home: str | Path | None = None) -> str:
     return os.environ.get("TIERED_MEMORY_URL") or f"sqlite:///{folder / 'archive.sqlite3'}"
 
 
-def check_supported(url: URL) -> URL:
-    """``url`` if its database is one the archive runs on.
+def check_supported(url: URL, *, driver: bool = True) -> URL:
+    """``url`` with the archive's sync driver, if its database is one the archive runs on.
+
+    The names are read case-insensitively; no driver, or the async twin of the
+    archive's own (``sqlite+aiosqlite``, ``mysql+aiomysql``), means the archive's
+    sync driver (PyMySQL for MySQL/MariaDB): the archive derives its async engine itself.
+
+    Args:
+        url: The archive's URL.
+        driver: Also check and set the driver (``False`` for an ``Engine`` the
+            caller built, whose driver is theirs).
 
     Raises:
-        UnsupportedDatabaseError: For any other database (PostgreSQL, Oracle...).
+        UnsupportedDatabaseError: For any other database (PostgreSQL, Oracle...),
+            or another driver of a supported one (``mysql+mysqlconnector``).
     """
-    backend = url.get_backend_name()
+    backend, _, named = url.drivername.lower().partition("+")
     if backend not in SUPPORTED_DATABASES:
         raise UnsupportedDatabaseError(backend)
-    return url
+    if not driver:
+        return url
+    if named not in ("", _SYNC_DRIVERS[backend], _ASYNC_DRIVERS[backend]):
+        raise UnsupportedDatabaseError(backend, named)
+    return url.set(drivername=f"{backend}+{_SYNC_DRIVERS[backend]}")
 
 
 def _run_sync(
@@ -382,7 +405,7 @@ class MySQLBackup(Lifecycle):
             if "TIERED_MEMORY_URL" not in os.environ:
                 default_home().mkdir(parents=True, exist_ok=True)
         if isinstance(url, Engine):
-            check_supported(url.url)
+            check_supported(url.url, driver=False)
             self.engine = url
         else:
             parsed = _password_in_userinfo(check_supported(make_url(url)))

@@ -680,10 +680,11 @@ class QueueWorker(Lifecycle):
         try:
             return self.drain(drain_timeout)
         finally:
-            # A batch still running (a slow LLM) is not waited for: its jobs go back
-            # to the queue when this process is gone (JobQueue.reclaim_dead).
+            # The bound covers the join too. A batch still running (a slow LLM) is
+            # not waited for past it: the thread is a daemon, and its claimed jobs go
+            # back to the queue when this process is gone (JobQueue.reclaim_dead).
             bound = self.drain_timeout if drain_timeout is None else drain_timeout
-            self.close(timeout=max(1.0, bound - (time.monotonic() - started)))
+            self.close(timeout=max(0.0, bound - (time.monotonic() - started)))
 
     def _loop(self) -> None:
         try:
