@@ -23,6 +23,9 @@ import re
 SUBJECT_CHARS = 120
 _SENTENCE = re.compile(r"[^.!?。！？;；\n]+[.!?。！？;；]?")
 _VALUE = re.compile(r"\d|@")
+#: How far after its link a stated value may start, in characters ("net 30 days",
+#: "上海市浦东新区世纪大道100号"); a number further on is about something else.
+VALUE_REACH = 24
 # A value right after the subject's name, as on a label: a code or number, an e-mail.
 _LABELLED = re.compile(r"\s*(?:[a-z]{0,4}\d|[\w.+-]+@)")
 # What joins a subject to the value stated of it, right after the subject's name or a
@@ -32,11 +35,9 @@ _LINK = re.compile(
     \s*(?:
         (?:(?:is|are|was|were|becomes|became|remains|stays|will\s+be|has\s+been|have\s+been)
            (?:\s+(?:now|still|currently))?\b)
-      | (?:now|currently)\b
       | (?:(?:has\s+|have\s+)?(?:changed|changes|went|goes|rose|rises|fell|falls|dropped|drops
             |increased|decreased|moved|moves|updated|switched)
            (?:\s+(?:up|down))?(?:\s+(?:to|from))?\b)
-      | (?:to|at)\b
       | [:=：＝]
       | (?:号码|号)?(?:现在|目前|已经|已)?(?:是|为|改为|改成|换成|变为|变成|更新为|调整为|调为
             |涨到|涨至|降到|降至|调到|调至|：|:)
@@ -108,7 +109,9 @@ def _states_value(rest: str) -> bool:
     if _LABELLED.match(rest):  # "IBAN GB33 ...", "电话13800138000"
         return True
     link = _LINK.match(rest)
-    return link is not None and _VALUE.search(rest, link.end()) is not None
+    if link is None:
+        return False
+    return _VALUE.search(rest, link.end(), link.end() + VALUE_REACH) is not None
 
 
 def _item(raw: str) -> str:
