@@ -51,44 +51,40 @@ def test_progress_true_shows_the_bar(tmp_path: Path) -> None:
     assert done.stdout.endswith("RESULT 384 1\n")
 
 
+#: How every refusal ends: the databases the archive runs on, one line.
+SUPPORTED = (
+    "; supported databases: SQLite and MySQL/MariaDB (sqlite:///path.db, "
+    "mysql+pymysql://user:pw@host/db, mariadb+pymysql://user:pw@host/db)"
+)
+
+
 @pytest.mark.parametrize(
-    ("url", "backend"),
+    ("url", "backend", "driver"),
     [
-        ("postgresql://app:secret@db/chat", "postgresql"),
-        ("postgresql+psycopg://app:secret@db/chat", "postgresql"),
-        ("mssql+pyodbc://app:secret@dsn", "mssql"),
+        ("postgresql://app:secret@db/chat", "postgresql", None),
+        ("postgresql+psycopg://app:secret@db/chat", "postgresql", None),
+        ("mssql+pyodbc://app:secret@dsn", "mssql", None),
+        # Another driver of a supported database.
+        ("mysql+mysqlconnector://app:secret@db/chat", "mysql", "mysqlconnector"),
+        ("mariadb+mariadbconnector://app:secret@db/chat", "mariadb", "mariadbconnector"),
+        ("sqlite+pysqlcipher://:secret@/chat.db", "sqlite", "pysqlcipher"),
     ],
 )
-def test_an_unsupported_database_is_one_typed_error(url: str, backend: str) -> None:
+def test_an_unsupported_database_or_driver_is_one_typed_error(
+    url: str, backend: str, driver: str | None
+) -> None:
     with pytest.raises(UnsupportedDatabaseError) as caught:
         MySQLBackup(url)
     error = caught.value
     assert isinstance(error, ValueError)
-    assert error.backend == backend
+    assert (error.backend, error.driver) == (backend, driver)
     message = str(error)
     assert "\n" not in message and "secret" not in message
-    assert message == (
-        f"the archive does not run on {backend!r}; supported databases: SQLite and "
-        "MySQL/MariaDB (sqlite:///path.db, mysql+pymysql://user:pw@host/db, "
-        "mariadb+pymysql://user:pw@host/db)"
-    )
-
-
-@pytest.mark.parametrize(
-    ("url", "driver"),
-    [
-        ("mysql+mysqlconnector://app:secret@db/chat", "mysqlconnector"),
-        ("mariadb+mariadbconnector://app:secret@db/chat", "mariadbconnector"),
-        ("sqlite+pysqlcipher://:secret@/chat.db", "pysqlcipher"),
-    ],
-)
-def test_another_driver_of_a_supported_database_is_one_typed_error(url: str, driver: str) -> None:
-    with pytest.raises(UnsupportedDatabaseError) as caught:
-        MySQLBackup(url)
-    assert caught.value.driver == driver
-    message = str(caught.value)
-    assert "\n" not in message and "secret" not in message
-    assert repr(driver) in message and "supported databases" in message
+    if driver is None:
+        assert message == f"the archive does not run on {backend!r}{SUPPORTED}"
+    else:
+        assert message.startswith(f"the archive does not run {backend} through {driver!r}")
+        assert message.endswith(SUPPORTED)
 
 
 @pytest.mark.parametrize(
