@@ -382,7 +382,11 @@ def _recall_summary(payload: dict[str, Any]) -> list[Metric]:
     for name, row in payload.items():
         if not isinstance(row, dict) or "ours" not in row:
             continue
-        peer = next((label for key, label in RECALL_PEERS.items() if name.startswith(key)), "")
+        peer = (
+            next((label for key, label in RECALL_PEERS.items() if name.startswith(key)), "")
+            if "baseline" in row
+            else ""
+        )
         out.append(
             Metric(
                 "bench_recall",

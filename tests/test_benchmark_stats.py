@@ -33,3 +33,21 @@ def test_one_value_and_none() -> None:
 def test_rejects_pct_outside_0_to_100(pct: float) -> None:
     with pytest.raises(ValueError, match=r"within 0\.\.100"):
         percentile([1.0, 2.0], pct)
+
+
+def test_a_locomo_category_row_carries_its_own_target_and_no_baseline() -> None:
+    from benchmarks.bench_recall import Row
+
+    def row(metric: str) -> dict[str, object]:
+        measured = Row("LoCoMo dev", "minilm", metric)
+        measured.add(0.5, [], 0.01)
+        return measured.as_dict()
+
+    overall, multi_hop, temporal = (
+        row("recall@10"),
+        row("recall@10, multi-hop"),
+        row("recall@10, temporal"),
+    )
+    assert (overall["baseline"], overall["target"]) == (0.60, 0.88)
+    assert multi_hop["target"] == 0.65 and "baseline" not in multi_hop
+    assert "target" not in temporal and "baseline" not in temporal
