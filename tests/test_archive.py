@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import shutil
 import socket
 import threading
@@ -22,7 +23,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup
+from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.storage.archive import render_url, validate_table_name
 
 from .conftest import MYSQL_URL, require_mysql
@@ -531,3 +532,29 @@ def test_a_plan_that_writes_after_reading_must_declare_it(backup: MySQLBackup) -
     assert "extra" not in backup.run(names(), read_only=True)
     backup.run(plan(), write=True)
     assert "extra" in backup.run(names(), read_only=True)
+
+
+class NoteMessage(HumanMessage):
+    """A custom message type langchain_core cannot read back."""
+
+    type: str = "note"  # type: ignore[assignment]
+
+
+def test_a_message_of_a_type_that_cannot_be_read_back_is_refused_and_nothing_is_lost(
+    backup: MySQLBackup,
+) -> None:
+    backup.add_messages("s1", [HumanMessage("the warehouse is in Lyon"), AIMessage("ok")])
+    with pytest.raises(TypeError, match=r"type 'note'.*cannot read back"):
+        backup.add_messages("s1", [HumanMessage("fine"), NoteMessage("remember this")])
+    with pytest.raises(TypeError, match="type 'note'"):
+        TieredChatMessageHistory("s1", backup=backup).add_messages([NoteMessage("x")])
+    assert [m.content for m in backup.get_messages("s1")] == ["the warehouse is in Lyon", "ok"]
+
+
+def test_values_json_cannot_hold_are_archived_as_langchains_stand_in(backup: MySQLBackup) -> None:
+    odd = {"when": datetime.date(2023, 6, 1), (1, 2): "a tuple key"}
+    backup.add_messages("s1", [HumanMessage("hi", additional_kwargs=odd)])
+    [stored] = backup.get_messages("s1")
+    assert stored.content == "hi"
+    assert stored.additional_kwargs["when"]["repr"] == "datetime.date(2023, 6, 1)"
+    assert stored.additional_kwargs["(1, 2)"] == "a tuple key"

@@ -9,6 +9,7 @@ is embedded with ``HashEmbeddings``, and threads are kept by LangGraph's
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     TieredMemoryMiddleware,
 )
+from langchain_tiered_memory.core.validation import InvalidSessionDateError
 from langchain_tiered_memory.integrations import middleware as middleware_module
 from langchain_tiered_memory.tiers.compression import validate_conversation
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
@@ -182,6 +184,74 @@ async def test_async_run_uses_the_async_archive(
     monkeypatch.undo()
     assert roles(backup.get_messages("t1")) == ["human", "ai", "tool", "ai"]
     await backup.adispose()
+
+
+@tool(response_format="content_and_artifact")
+def invoice(number: str) -> tuple[str, Any]:
+    """An invoice's amount (its artifact: values JSON cannot hold)."""
+    return f"invoice {number}: 120 EUR", {"due": datetime.date(2023, 6, 1), "tags": {"a"}}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_tool_artifact_json_cannot_hold_is_archived_and_the_thread_goes_on(
+    backup: MySQLBackup, mode: str
+) -> None:
+    invoice_call = AIMessage(
+        "", tool_calls=[{"name": "invoice", "args": {"number": "42"}, "id": "c1"}]
+    )
+    agent = create_agent(
+        script(invoice_call, "Invoice 42 is 120 EUR.", "You are welcome."),
+        [invoice],
+        middleware=[TieredMemoryMiddleware(backup=backup)],
+        checkpointer=InMemorySaver(),
+    )
+    for question in ("What is invoice 42?", "Thanks."):
+        if mode == "sync":
+            agent.invoke(ask(question), thread("t1"))
+        else:
+            await agent.ainvoke(ask(question), thread("t1"))
+
+    archived = backup.get_messages("t1")
+    assert roles(archived) == ["human", "ai", "tool", "ai", "human", "ai"]
+    assert archived[2].content == "invoice 42: 120 EUR"
+    # LangChain's own stand-in for what JSON cannot hold: its repr.
+    due = archived[2].artifact["due"]
+    assert due["type"] == "not_implemented" and due["repr"] == "datetime.date(2023, 6, 1)"
+    if mode == "async":
+        await backup.adispose()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_message_the_archive_refuses_is_refused_before_the_model_and_only_once(
+    backup: MySQLBackup, mode: str
+) -> None:
+    model = script("First answer.", "Second answer.")
+    agent = create_agent(
+        model, [], middleware=[TieredMemoryMiddleware(backup=backup)], checkpointer=InMemorySaver()
+    )
+    bad = {"messages": [HumanMessage("notes", additional_kwargs={"session_date": "tuesday"})]}
+
+    async def invoke(payload: dict[str, Any]) -> dict[str, Any]:
+        if mode == "sync":
+            return agent.invoke(payload, thread("t1"))
+        return await agent.ainvoke(payload, thread("t1"))
+
+    await invoke(ask("Hello."))
+    with pytest.raises(InvalidSessionDateError, match="'tuesday' is not a date"):
+        await invoke(bad)
+    assert len(model.prompts) == 1  # refused before any model call
+    await invoke(ask("Hello again."))  # the thread is not poisoned
+
+    archived = backup.get_messages("t1")
+    assert [m.content for m in archived] == [
+        "Hello.",
+        "First answer.",
+        "Hello again.",
+        "Second answer.",
+    ]
+    assert archived == agent.get_state(thread("t1")).values["messages"]
+    if mode == "async":
+        await backup.adispose()
 
 
 # -- before each call: memories for this call only ------------------------------------

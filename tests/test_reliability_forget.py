@@ -288,8 +288,9 @@ def test_a_store_without_an_eraser_fails_the_forget_and_a_retry_finishes(
             assert admin.forget(user_id="u") == 0
         finally:
             _ERASERS.pop(kind)
-        # The retry knew the sessions from the record, though their rows were gone.
-        assert calls == [(locator, ["s1", "s2"], None, "u")]
+        # The retry knew the sessions from the record, though their rows were gone
+        # (each store is erased before and after the archive's delete).
+        assert calls == [(locator, ["s1", "s2"], None, "u")] * 2
         assert admin.pending_forgets() == []
         assert admin.get_messages("keep") == _turn("of v")
         # A store gone for good: its record is dropped, and forget no longer tries it.
@@ -399,3 +400,28 @@ def test_an_erased_store_that_is_gone_is_not_created_again(tmp_path: Path) -> No
     )
     erase_folders({"root": str(tmp_path / "also-gone")})(["s"], "s", None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_turn_extracted_while_a_forget_runs_leaves_no_vector_behind(
+    backup: MySQLBackup, make_memory: Any
+) -> None:
+    memory = make_memory()
+    history = TieredChatMessageHistory("s1", user_id="u1", backup=backup, long_memory=memory)
+    history.add_messages([HumanMessage("My IBAN is DE89 3704 0044 0532 0130 00"), AIMessage("ok")])
+    memory.run_pending()
+    raced: list[str] = []
+
+    def writer_and_worker(*scope: Any) -> None:
+        # Another thread and the worker, between the erase of the vectors and the
+        # archive's delete: a turn is written, extracted and committed.
+        if not raced:
+            raced.append("done")
+            history.add_messages([HumanMessage("My phone is +49 170 1234567"), AIMessage("ok")])
+            memory.run_pending()
+
+    backup.on_forget(writer_and_worker)
+    backup.forget(user_id="u1")
+
+    assert raced and backup.get_messages("s1") == []
+    assert backup.stats().memory_count == 0
+    assert memory.collection.get(where={"user_id": "u1"})["ids"] == []

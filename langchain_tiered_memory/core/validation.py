@@ -20,6 +20,12 @@ from langchain_core.messages import BaseMessage
 MAX_ID_LENGTH = 255
 #: Deepest nesting of dicts and lists accepted in a message's fields.
 MAX_NESTING = 200
+#: The message types ``langchain_core.messages.messages_from_dict`` reads back: a
+#: message of another ``type`` (a custom subclass) could be stored, never loaded.
+READABLE_TYPES = frozenset(
+    {"human", "ai", "system", "chat", "function", "tool", "remove"}
+    | {f"{kind}MessageChunk" for kind in ("AI", "Human", "Function", "Tool", "System", "Chat")}
+)
 #: Largest count accepted for a limit, a number of turns, a threshold, a batch or
 #: ``k`` (a billion): more means nothing here, and far more overflows SQL's LIMIT.
 MAX_COUNT = 10**9
@@ -264,7 +270,8 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
     """Return ``messages`` as a list, raising ``TypeError`` on anything else.
 
     Raises:
-        TypeError: If an element is not a ``BaseMessage``.
+        TypeError: If an element is not a ``BaseMessage``, or its ``type`` is not
+            one of :data:`READABLE_TYPES` (it could not be read back).
         ValueError: If a message's fields nest deeper than :data:`MAX_NESTING`
             (JSON that deep may be stored, then fail to load on a deeper stack).
         InvalidSessionDateError: If a message's session date is not a date.
@@ -277,6 +284,12 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
         if not isinstance(message, BaseMessage):
             msg = (
                 f"messages[{index}] is a {type(message).__name__}, not a langchain_core BaseMessage"
+            )
+            raise TypeError(msg)
+        if message.type not in READABLE_TYPES:
+            msg = (
+                f"messages[{index}] is of type {message.type!r}, which langchain_core cannot "
+                f"read back; use one of {', '.join(sorted(READABLE_TYPES))}"
             )
             raise TypeError(msg)
         depth = nesting_depth(list(vars(message).values()), MAX_NESTING)

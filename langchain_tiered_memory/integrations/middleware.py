@@ -24,14 +24,26 @@ from langchain.agents.middleware.types import (
     PrivateStateAttr,
 )
 from langchain_core.documents import Document
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+)
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
 
 from langchain_tiered_memory.core import steps
 from langchain_tiered_memory.core.steps import Call, StepPlan, arun, run
-from langchain_tiered_memory.core.validation import check_int, validate_id, validate_optional_id
+from langchain_tiered_memory.core.validation import (
+    InvalidSessionDateError,
+    check_int,
+    validate_id,
+    validate_messages,
+    validate_optional_id,
+)
 from langchain_tiered_memory.memory.history import (
     TieredChatMessageHistory,
     format_memory_context,
@@ -45,6 +57,11 @@ logger = logging.getLogger(__name__)
 
 # Final, so that the TypedDict state is indexed by its literal key.
 ARCHIVED_KEY: Final = "tiered_memory_archived"
+REFUSED_KEY: Final = "tiered_memory_refused"
+#: The errors a refused message is reported with (by name: the state is serialised).
+REFUSALS: Final[dict[str, type[Exception]]] = {
+    error.__name__: error for error in (TypeError, ValueError, InvalidSessionDateError)
+}
 MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (stateless re-sends)
 MAX_CACHED_COMPRESSORS = 32
 
@@ -61,6 +78,7 @@ class TieredMemoryState(AgentState[Any]):
     """
 
     tiered_memory_archived: NotRequired[Annotated[list[str], PrivateStateAttr]]
+    tiered_memory_refused: NotRequired[Annotated[dict[str, str] | None, PrivateStateAttr]]
 
 
 def _field(context: Any, name: str) -> Any:
@@ -107,6 +125,17 @@ def _archivable(message: BaseMessage) -> bool:
     if isinstance(message, SystemMessage):
         return False
     return message.additional_kwargs.get("lc_source") != "summarization"
+
+
+def _refusals(messages: Sequence[BaseMessage]) -> list[tuple[BaseMessage, Exception]]:
+    """The messages the archive would refuse, each with its error."""
+    refusals: list[tuple[BaseMessage, Exception]] = []
+    for message in messages:
+        try:
+            validate_messages([message])
+        except (TypeError, ValueError) as exc:
+            refusals.append((message, exc))
+    return refusals
 
 
 def _tool_key(tool: Any) -> str:
@@ -339,6 +368,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         return request.override(system_message=system, messages=messages)
 
     def _request_plan(self, request: ModelRequest[Any]) -> StepPlan[ModelRequest[Any]]:
+        refused: Mapping[str, str] | None = request.state.get(REFUSED_KEY)  # type: ignore[assignment]
+        if refused:
+            raise REFUSALS.get(refused["error"], ValueError)(refused["message"])
         history = self.history(request.runtime)
         query = _last_human_text(request.messages)
         # The search is sync (embedding, in-process scoring): an executor on the async path.
@@ -362,6 +394,40 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     ) -> ModelCallResult:
         """Async :meth:`wrap_model_call` (the search runs in an executor)."""
         return await handler(await arun(self._request_plan(request)))
+
+    # -- before the run ---------------------------------------------------------
+
+    def _refuse(self, state: TieredMemoryState) -> dict[str, Any] | None:
+        """Take the new messages the archive would refuse out of the thread.
+
+        They are refused before any model call: the model call raises their error
+        (``wrap_model_call``). Left in a checkpointed thread, such a message would
+        fail every later run's archiving after the model had answered.
+        """
+        refusals = _refusals(self._unarchived(state)[0])
+        if not refusals:
+            return {REFUSED_KEY: None} if state.get(REFUSED_KEY) else None
+        first = refusals[0][1]
+        error = type(first).__name__ if type(first).__name__ in REFUSALS else "ValueError"
+        reason = "; ".join(f"message {m.id!r} refused: {exc}" for m, exc in refusals)
+        return {
+            "messages": [RemoveMessage(id=m.id) for m, _ in refusals if m.id is not None],
+            REFUSED_KEY: {"error": error, "message": reason},
+        }
+
+    @override
+    def before_agent(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Refuse the run's new messages that the archive could not keep."""
+        return self._refuse(state)
+
+    @override
+    async def abefore_agent(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Async :meth:`before_agent` (no I/O: the same check)."""
+        return self._refuse(state)
 
     # -- after the run ----------------------------------------------------------
 
@@ -392,6 +458,14 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         history = self.history(runtime)
         session_id, user_id = history.session_id, history.user_id
         fresh, ids = self._unarchived(state)
+        # A message made during the run (a tool's) that the archive refuses is
+        # logged and left out, not raised: the run has answered, and raising would
+        # fail every later run of the thread on the same message.
+        refusals = _refusals(fresh)
+        for message, exc in refusals:
+            logger.error("not archived: %s message %r: %s", message.type, message.id, exc)
+        refused = {id(m) for m, _ in refusals}
+        fresh = [m for m in fresh if id(m) not in refused]
         if fresh:
             turns = self._tail_turns(fresh)
             tail = yield Call(

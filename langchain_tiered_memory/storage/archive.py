@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote_plus
 
+from langchain_core.load import dumpd
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from sqlalchemy import (
     Connection,
@@ -340,13 +341,35 @@ async def _run_async(
             raise
 
 
+def _string_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            key if isinstance(key, str) else repr(key): _string_keys(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_string_keys(item) for item in value]
+    return value
+
+
+def _stand_in(value: Any) -> Any:
+    # A value JSON cannot hold (a tool's DataFrame or date artifact) is kept as
+    # LangChain's own stand-in for it (``not_implemented``, with its repr), as
+    # LangChain's tracers do: the message is archived, that value as its repr.
+    return dumpd(value)
+
+
 def _encode(message: BaseMessage) -> list[str]:
     data = message_to_dict(message)
-    payload = json.dumps(data, ensure_ascii=False)
+    try:
+        payload = json.dumps(data, ensure_ascii=False, default=_stand_in)
+    except TypeError:  # a key JSON cannot hold (a tuple): every such key as its repr
+        data = _string_keys(data)
+        payload = json.dumps(data, ensure_ascii=False, default=_stand_in)
     try:
         payload.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates: kept exactly, as \udXXX escapes
-        payload = json.dumps(data)
+        payload = json.dumps(data, default=_stand_in)
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
 
 
@@ -1138,31 +1161,44 @@ class MySQLBackup(Lifecycle):
 
         self.run(drop_jobs(), write=True)
         unfinished: list[str] = []
-        erased: set[str] = set()  # stores erased (or tried) by an in-process hook
+        failed: set[str] = set()  # stores that could not be erased: reported once
 
         def erase_recorded(record: TierRecord) -> None:
             _eraser(record)(sessions, session_id, user_id)
 
         def attempt(what: str, erase: Callable[[], None]) -> None:
+            if what in failed:
+                return
             try:
                 erase()
             except Exception as exc:  # the others are still erased; this one is reported
                 logger.warning("forget could not erase %s: %s", what, exc)
+                failed.add(what)
                 unfinished.append(f"{what}: {type(exc).__name__}: {exc}")
 
-        for ref, key, what in list(self._forget_hooks):
-            hook = ref()
-            if hook is None or (key is not None and key in erased):
-                continue
-            if key is not None:
-                erased.add(key)
-            attempt(what, partial(hook, sessions, session_id, user_id))
-        for record in self.tiers():
-            if record.key not in erased:
-                attempt(str(record), partial(erase_recorded, record))
-        removed = self.run(
-            self._finish_forget_plan(session_id, user_id, sessions, unfinished), write=True
-        )
+        def erase_stores() -> None:
+            erased: set[str] = set()  # stores erased (or tried) by an in-process hook
+            for ref, key, what in list(self._forget_hooks):
+                hook = ref()
+                if hook is None or (key is not None and key in erased):
+                    continue
+                if key is not None:
+                    erased.add(key)
+                attempt(what, partial(hook, sessions, session_id, user_id))
+            for record in self.tiers():
+                if record.key not in erased:
+                    attempt(str(record), partial(erase_recorded, record))
+
+        erase_stores()
+        finish = partial(self._finish_forget_plan, session_id, user_id, sessions, unfinished)
+        removed = self.run(finish(), write=True)
+        # A turn written and extracted while the stores were erased reached them
+        # after that: its messages and catalog row went with the delete above, so
+        # the stores are erased once more (a store never keeps what the catalog lost).
+        left = len(unfinished)
+        erase_stores()
+        if len(unfinished) > left:
+            self.run(finish(), write=True)  # records the forget, to be finished
         if unfinished:
             raise ForgetIncompleteError(session_id, user_id, sessions, unfinished)
         return removed
