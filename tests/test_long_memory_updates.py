@@ -225,6 +225,32 @@ def test_a_session_imported_out_of_order_is_superseded_by_the_newer_one(
     assert "net 60" in found[0].page_content
 
 
+def test_forgetting_the_value_that_stands_hands_the_link_on_or_lets_the_older_stand(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    for session_id, net, when in (
+        ("april", 15, "2023-04-01"),
+        ("may", 30, "2023-05-01"),
+        ("june", 60, "2023-06-01"),
+    ):
+        tell(backup, memory, session_id, f"Payment terms with ACME are net {net} days.", when)
+        memory.run_pending()
+
+    def link(net: int) -> str | None:
+        row = rows_by_text(backup)[f"User: Payment terms with ACME are net {net} days."]
+        return row.superseded_by
+
+    memory.forget(session_id="may")  # the middle one: april now points past it
+    june_id = rows_by_text(backup)["User: Payment terms with ACME are net 60 days."].id
+    assert link(15) == june_id
+    memory.forget(session_id="june")  # the one that stood: april stands again
+    assert link(15) is None
+    tell(backup, memory, "july", "Payment terms with ACME are net 45 days.", "2023-07-01")
+    memory.run_pending()
+    assert link(15) == rows_by_text(backup)["User: Payment terms with ACME are net 45 days."].id
+
+
 def test_other_users_other_subjects_and_questions_are_left_alone(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:

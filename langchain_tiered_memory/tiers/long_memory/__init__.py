@@ -474,7 +474,7 @@ class ChromaLongMemory(ExtractionWorker):
         catalog = self.catalog
         while ids := self.backup.run(catalog.scope_page_plan(session_id, user_id)):
             self.vectors.delete(ids)
-            self.backup.run(catalog.delete_plan(ids))
+            self.backup.run(catalog.delete_plan(ids), write=True)
         # Vectors whose catalog row never committed, or was deleted by an earlier forget
         # that could not reach the index.
         self.vectors.delete_scope(session_id, user_id)

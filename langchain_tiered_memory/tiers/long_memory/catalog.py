@@ -394,8 +394,34 @@ class Catalog:
         return [row.id for row in result]
 
     def delete_plan(self, ids: Sequence[str]) -> Plan[None]:
-        """Delete memories by id."""
-        yield delete(self.table).where(self.table.c.id.in_(list(ids)))
+        """Delete memories by id.
+
+        A memory another one is superseded by hands that link on to its own
+        successor (when that one stays), else the other one stands again: no
+        link points at a deleted memory.
+        """
+        c = self.table.c
+        gone = set(ids)
+        result = yield select(c.id, c.superseded_by).where(c.id.in_(list(gone)))
+        successor = {row.id: row.superseded_by for row in result}
+
+        def standing(memory_id: str | None) -> str | None:
+            seen: set[str] = set()
+            while memory_id in gone and memory_id not in seen:
+                seen.add(memory_id)
+                memory_id = successor.get(memory_id)
+            return None if memory_id in gone else memory_id
+
+        relink: dict[str | None, list[str]] = {}
+        for memory_id in gone:
+            relink.setdefault(standing(memory_id), []).append(memory_id)
+        for target, links in relink.items():
+            yield (
+                update(self.table)
+                .where(c.superseded_by.in_(links), c.id.not_in(list(gone)))
+                .values(superseded_by=target)
+            )
+        yield delete(self.table).where(c.id.in_(list(gone)))
 
     def count_plan(self) -> Plan[int]:
         """How many memories the catalog holds."""
