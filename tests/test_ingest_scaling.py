@@ -9,6 +9,7 @@ batch, longest first; the worker does not sit idle while jobs are queued.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -226,3 +227,24 @@ def test_an_unreadable_message_holds_up_only_its_own_turn_and_session(
     assert bad.attempts == 1  # retried with backoff, the error kept
     assert bad.last_error
     assert all(not waiting[i].last_error for i in (ids[7], ids[9]))  # only waiting
+
+
+def test_an_unreadable_turn_is_parked_even_without_backoff(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(retry_base_delay=0)
+    write_turns(backup, memory, "a", range(2))
+    archive = backup.table
+    with backup.engine.begin() as conn:
+        first = conn.execute(
+            text(f"SELECT MIN(id) FROM {archive.name} WHERE session_id = 'a'")
+        ).scalar_one()
+        conn.execute(update(archive).where(archive.c.id == first).values(message="{not json"))
+    finished: list[int] = []
+    worker = threading.Thread(target=lambda: finished.append(memory.run_pending()), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert finished == [0]  # it returned: the bad turn was not claimed again and again
+    [bad, waiting] = [row for row in job_rows(backup) if row.session_id == "a"]
+    assert bad.attempts == 1 and bad.last_error
+    assert (bad.not_before - waiting.not_before).total_seconds() >= 59

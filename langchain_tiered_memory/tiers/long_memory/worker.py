@@ -65,6 +65,10 @@ from langchain_tiered_memory.tiers.long_memory.vectors import VectorIndex
 logger = logging.getLogger(__name__)
 
 CONTEXT_CHARS = 2000
+#: Seconds at least before a turn that could not be read is read again: it is not a
+#: passing fault, and with no backoff (``retry_base_delay=0``) ``run_pending`` would
+#: claim it again at once, forever.
+UNREADABLE_PARK = 60.0
 #: Earlier ends of a turn whose raw memory is looked up when the turn grows.
 PREFIXES = 16
 # Numbers (signed, with separators: amounts, dates, times), words, and the symbols that
@@ -477,7 +481,7 @@ class ExtractionWorker(QueueWorker):
     def _unreadable(self, job: Job, exc: BaseException) -> None:
         """Park a job whose turn cannot be read, so it holds up only its own session."""
         error = f"{type(exc).__name__}: {exc}"
-        delay = backoff(self.retry_base_delay, job.attempts)
+        delay = max(backoff(self.retry_base_delay, job.attempts), UNREADABLE_PARK)
         logger.error(
             "cannot read the turn of job %d (session %r): %s; retry in %.0f s",
             job.id,
