@@ -12,7 +12,11 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from sqlalchemy import select
 
 from langchain_tiered_memory import MySQLBackup, TieredStore
-from langchain_tiered_memory.integrations.store import InvalidFilterError, InvalidKeyError
+from langchain_tiered_memory.integrations.store import (
+    InvalidFilterError,
+    InvalidKeyError,
+    ValueTooLargeError,
+)
 
 from .fakes import HashEmbeddings
 
@@ -221,6 +225,44 @@ def test_a_bad_key_is_refused(store: TieredStore, key: Any) -> None:
 def test_a_bad_value_is_refused(store: TieredStore, value: Any, error: type) -> None:
     with pytest.raises(error):
         store.put(("n",), "k", value)
+
+
+def test_a_batch_larger_than_one_statement_is_stored_whole(store: TieredStore) -> None:
+    # 18 MB of puts: more than MariaDB's max_allowed_packet (16 MB) in one INSERT.
+    ops = [
+        PutOp(("bulk",), f"k{i}", {"text": f"{i} " + "y" * 60_000}, index=False) for i in range(300)
+    ]
+
+    store.batch(ops)
+
+    assert len(store.search(("bulk",), limit=1000)) == 300
+    assert store.get(("bulk",), "k299").value == {"text": "299 " + "y" * 60_000}  # type: ignore[union-attr]
+
+
+def test_a_value_too_large_to_store_is_refused_and_nothing_is_lost(store: TieredStore) -> None:
+    store.put(("docs",), "kept", {"text": "old"})
+    big = {"text": "x" * (20 * 1024 * 1024)}
+
+    with pytest.raises(ValueTooLargeError) as refused:
+        store.batch([PutOp(("docs",), "kept", {"text": "new"}), PutOp(("docs",), "big", big)])
+
+    error = refused.value
+    assert isinstance(error, ValueError)  # a bad value, not an outage
+    assert (error.namespace, error.key) == (("docs",), "big")
+    assert error.size > 20 * 1024 * 1024 > error.limit
+    assert "'big'" in str(error) and "('docs',)" in str(error) and f"{error.limit:,}" in str(error)
+    assert store.get(("docs",), "kept").value == {"text": "old"}  # type: ignore[union-attr]
+    assert store.get(("docs",), "big") is None
+
+
+def test_an_item_whose_vectors_are_too_large_is_refused(hybrid: TieredStore) -> None:
+    # A small value, but 3,500 indexed texts of 256-dim vectors: about 9.5 MB of them.
+    value = {"items": [{"text": "tea"}] * 3500}
+
+    with pytest.raises(ValueTooLargeError, match="'many'"):
+        hybrid.put(("docs",), "many", value, index=["items[*].text"])
+
+    assert hybrid.get(("docs",), "many") is None
 
 
 def test_bad_filters_pages_and_ttls_are_refused(store: TieredStore) -> None:

@@ -31,11 +31,12 @@ from langchain_tiered_memory.storage.store import (
     InvalidKeyError,
     PreparedBatch,
     StorePlanner,
+    ValueTooLargeError,
     build_store_tables,
     validate_ttl,
 )
 
-__all__ = ["InvalidFilterError", "InvalidKeyError", "TieredStore"]
+__all__ = ["InvalidFilterError", "InvalidKeyError", "TieredStore", "ValueTooLargeError"]
 
 
 class TieredStore(Lifecycle, BaseStore):
@@ -49,7 +50,10 @@ class TieredStore(Lifecycle, BaseStore):
     blended with cosine similarity when ``index`` has an ``embed``. Items may expire
     (``ttl`` in minutes, LangGraph's :class:`TTLConfig`); expired items are never
     returned, and :meth:`sweep_ttl` deletes them. ``with`` / ``async with`` close the
-    archive's pooled connections at the end (:meth:`shutdown`).
+    archive's pooled connections at the end (:meth:`shutdown`). An item (its value, and
+    the tokens and vectors of its indexed texts) takes at most about 8 MB; a larger one
+    is refused with :class:`~langchain_tiered_memory.storage.store.ValueTooLargeError`
+    before anything of its batch is embedded or written.
 
     Args:
         backup: The archive to live beside: a :class:`~langchain_tiered_memory.MySQLBackup`,

@@ -64,6 +64,7 @@ from langchain_tiered_memory.core.validation import (
     validate_page,
 )
 from langchain_tiered_memory.storage.base import (
+    MAX_PACKET_BYTES,
     ArchivedMessage,
     EnqueuePlanner,
     Plan,
@@ -93,8 +94,9 @@ ERASER_GROUP = "langchain_tiered_memory.erasers"
 _ERASERS: dict[str, EraserFactory] = {}
 
 #: Pieces of a large payload are stored in their own rows, so that no single
-#: statement passes the server's ``max_allowed_packet`` (16 MB on MariaDB).
-CHUNK_CHARS = 512 * 1024
+#: statement passes the server's ``max_allowed_packet``: 512 Ki characters, at most
+#: 4 bytes each in utf8mb4 and twice that escaped, are a quarter of a packet.
+CHUNK_CHARS = MAX_PACKET_BYTES // 4 // 8
 #: Default of ``MySQLBackup(timeout=...)``: how long, in seconds, an archive call
 #: may wait on a database that stopped answering before it raises.
 DEFAULT_TIMEOUT = 30.0

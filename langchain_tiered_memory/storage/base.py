@@ -31,6 +31,11 @@ T = TypeVar("T")
 
 Plan = Generator[Executable, Any, T]
 
+#: The largest statement a server is sure to take: MariaDB's default
+#: ``max_allowed_packet`` (MySQL 8's is 64 MiB). Writes size their statements from it:
+#: a larger one fails as if the server had gone away.
+MAX_PACKET_BYTES = 16 * 1024 * 1024
+
 
 def utcnow() -> datetime:
     """Naive UTC now, as stored in the archive's timestamp columns."""

@@ -26,7 +26,8 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import reprlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -74,7 +75,7 @@ from langchain_tiered_memory.core.validation import (
     check_characters,
     nesting_depth,
 )
-from langchain_tiered_memory.storage.base import Plan, utcnow
+from langchain_tiered_memory.storage.base import MAX_PACKET_BYTES, Plan, utcnow
 from langchain_tiered_memory.text.lexical import BM25Index, fuse, tokenize
 
 T = TypeVar("T")
@@ -89,6 +90,11 @@ MAX_TTL_MINUTES = 10 * 365 * 24 * 60.0
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 #: Rows per statement: SQLite caps a statement's parameters (32766), MySQL its size.
 CHUNK = 500
+#: Bytes of data per statement, and so the largest item: the driver's escaping may
+#: double them, and the SQL around them needs room, within one packet.
+STATEMENT_BYTES = MAX_PACKET_BYTES // 2 - 64 * 1024
+#: What a row's short columns (hash, ids, timestamps, TTL) add to its size, at most.
+ROW_BYTES = 256
 
 
 class InvalidKeyError(ValueError):
@@ -97,6 +103,32 @@ class InvalidKeyError(ValueError):
 
 class InvalidFilterError(ValueError):
     """A search filter uses an operator LangGraph's filters do not have."""
+
+
+class ValueTooLargeError(ValueError):
+    """A store item is too large to write: it would not fit in one statement.
+
+    Its value, the tokens and the vectors of its indexed texts are one row, and a
+    row is one statement of at most :data:`STATEMENT_BYTES` bytes (MySQL refuses a
+    statement over its ``max_allowed_packet`` by dropping the connection).
+
+    Attributes:
+        namespace: The item's namespace.
+        key: The item's key.
+        size: The bytes its row would take.
+        limit: The most a row may take.
+    """
+
+    def __init__(self, namespace: tuple[str, ...], key: str, size: int, limit: int) -> None:
+        self.namespace = namespace
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"the item {reprlib.repr(key)} in namespace {namespace!r} takes {size:,} bytes "
+            f"to store (its value, and the tokens and vectors of its indexed texts); "
+            f"the limit is {limit:,} bytes"
+        )
 
 
 def _long_text() -> Text:
@@ -352,8 +384,44 @@ def _decode_vector(text: str) -> Any:
     return np.frombuffer(base64.b64decode(text), dtype="<f8")
 
 
-def _chunks(rows: Sequence[T]) -> Iterable[Sequence[T]]:
-    return (rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK))
+def _chunks(rows: Sequence[T], sizes: Sequence[int] | None = None) -> Iterator[Sequence[T]]:
+    """``rows`` in runs of at most :data:`CHUNK` rows and, given their ``sizes``, bytes."""
+    if sizes is None:
+        yield from (rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK))
+        return
+    start, total = 0, 0
+    for end, size in enumerate(sizes):
+        if end > start and (end - start == CHUNK or total + size > STATEMENT_BYTES):
+            yield rows[start:end]
+            start, total = end, 0
+        total += size
+    if start < len(rows):
+        yield rows[start:]
+
+
+def _encode(op: PutOp, texts: list[tuple[str, str]] | None) -> tuple[str, str | None] | None:
+    """A put's stored value and BM25 tokens (``None``: a delete), refused if too large."""
+    if op.value is None:
+        return None
+    value = _dump(dict(op.value))
+    tokens = None
+    if texts is not None:
+        tokens = " ".join(token for _, text in texts for token in tokenize(text))
+    _check_size(op, value, tokens)
+    return value, tokens
+
+
+def _check_size(op: PutOp, *texts: str | None) -> int:
+    """The bytes of the row of ``op`` holding ``texts``, escaping aside; raise if too many.
+
+    Refused up front: a statement over ``max_allowed_packet`` makes MySQL drop the
+    connection, which looks like an outage instead of a bad value.
+    """
+    size = ROW_BYTES + sum(len(text.encode("utf-8", "surrogatepass")) for text in texts if text)
+    size += len(op.key.encode("utf-8"))
+    if size > STATEMENT_BYTES:
+        raise ValueTooLargeError(tuple(op.namespace), op.key, size, STATEMENT_BYTES)
+    return size
 
 
 def _aware(moment: datetime) -> datetime:
@@ -371,6 +439,8 @@ class PreparedBatch:
         ops: The ops, in order (results come back in this order).
         puts: The last put of each ``(namespace, key)``, in order of first appearance.
         texts: Per put (same order), the texts indexed for search (``None``: none).
+        encoded: Per put (same order), its stored value and BM25 tokens (``None``:
+            a delete).
         to_embed: The distinct texts to embed for the puts.
         queries: The distinct search queries to embed.
     """
@@ -378,6 +448,7 @@ class PreparedBatch:
     ops: list[Op]
     puts: list[PutOp] = field(default_factory=list)
     texts: list[list[tuple[str, str]] | None] = field(default_factory=list)
+    encoded: list[tuple[str, str | None] | None] = field(default_factory=list)
     to_embed: list[str] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
 
@@ -470,6 +541,8 @@ class StorePlanner:
         Raises:
             InvalidNamespaceError, InvalidKeyError, InvalidFilterError: On bad input;
                 nothing of the batch has run.
+            ValueTooLargeError: If a put's value and indexed tokens pass
+                :data:`STATEMENT_BYTES` (before anything is embedded or run).
             TypeError, ValueError: On a bad limit, offset, TTL or op.
         """
         batch = PreparedBatch(ops=list(ops))
@@ -512,6 +585,8 @@ class StorePlanner:
                 raise TypeError(f"unknown store operation: {type(op).__name__}")
         batch.puts = list(puts.values())
         batch.texts = [self._texts(op) for op in batch.puts]
+        encoded = zip(batch.puts, batch.texts, strict=True)
+        batch.encoded = [_encode(op, texts) for op, texts in encoded]
         if self.embeds:
             distinct = {text: None for texts in batch.texts for _, text in texts or ()}
             batch.to_embed = list(distinct)
@@ -757,12 +832,15 @@ class StorePlanner:
         deletes = [_hash(list(op.namespace), op.key) for op in batch.puts if op.value is None]
         for hashes in _chunks(deletes):
             yield delete(items).where(items.c.hash.in_(hashes))
-        writes = [(op, texts) for op, texts in zip(batch.puts, batch.texts, strict=True)]
-        writes = [(op, texts) for op, texts in writes if op.value is not None]
+        writes = [
+            (op, texts, encoded)
+            for op, texts, encoded in zip(batch.puts, batch.texts, batch.encoded, strict=True)
+            if encoded is not None
+        ]
         if not writes:
             return
         # Namespaces first, in order of first write: their ids order searches.
-        paths = {namespace_path(op.namespace): None for op, _ in writes}
+        paths = {namespace_path(op.namespace): None for op, _, _ in writes}
         rows = [{"hash": _hash(path), "path": path, "created_at": now} for path in paths]
         ns_ids: dict[str, int] = {}
         for ns_rows in _chunks(rows):
@@ -772,20 +850,20 @@ class StorePlanner:
             )
             ns_ids.update(found.all())
         values = []
-        for op, texts in writes:
+        sizes = []
+        for op, texts, (value, tokens) in writes:
             ttl = op.ttl  # BaseStore.put has applied the TTL config's default
             encoded = None
             if texts and self.embeds:
                 encoded = json.dumps([_encode_vector(vectors[text]) for _, text in texts])
+            sizes.append(_check_size(op, value, tokens, encoded))
             values.append(
                 {
                     "hash": _hash(list(op.namespace), op.key),
                     "ns_id": ns_ids[_hash(namespace_path(op.namespace))],
                     "key": op.key,
-                    "value": _dump(dict(op.value or {})),
-                    "tokens": None
-                    if texts is None
-                    else " ".join(token for _, text in texts for token in tokenize(text)),
+                    "value": value,
+                    "tokens": tokens,
                     "vectors": encoded,
                     "created_at": now,
                     "updated_at": now,
@@ -803,7 +881,7 @@ class StorePlanner:
             "ttl_minutes",
             "expires_at",
         )
-        for chunk in _chunks(values):
+        for chunk in _chunks(values, sizes):
             if self.dialect == "sqlite":
                 upsert = sqlite_insert(items).values(list(chunk))
                 yield upsert.on_conflict_do_update(
