@@ -257,6 +257,28 @@ def test_export_markdown_to_a_file(seeded: MySQLBackup, tmp_path: Path) -> None:
     assert "[bold]not markup[/bold]" in chinese
 
 
+def test_a_lone_surrogate_is_exported_exactly_and_shown_escaped(home: Path, tmp_path: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    backup = MySQLBackup(f"sqlite:///{home / 'archive.sqlite3'}")
+    text = "pasted from a broken clipboard: \ud83d end, 应付账款"
+    backup.add_messages("s1", [HumanMessage(text), AIMessage("ok")], user_id="u1")
+    backup.dispose()
+    target = tmp_path / "s1.jsonl"
+
+    lines = ok("export", "s1", "--format", "jsonl").splitlines()
+    ok("export", "s1", "--format", "jsonl", "--output", str(target))
+    markdown = ok("export", "s1")
+    shown = ok("show", "s1")
+
+    # JSON lines keep the text exactly, as the archive does (an escape reads back the same).
+    assert messages_from_dict([json.loads(lines[0])["message"]])[0].content == text
+    written = target.read_text(encoding="utf-8").splitlines()
+    assert messages_from_dict([json.loads(written[0])["message"]])[0].content == text
+    # Markdown and the table show the character escaped, the rest as it is.
+    assert "broken clipboard: \\ud83d end, 应付账款" in markdown
+    assert "broken clipboard: \\ud83d end, 应付账款" in shown
+
+
 def test_forget_asks_then_removes_the_session_from_every_tier(
     seeded: MySQLBackup, home: Path
 ) -> None:

@@ -40,6 +40,7 @@ from langchain_tiered_memory.cli.render import (
     shorten,
     size,
     stamp,
+    tolerant_output,
 )
 from langchain_tiered_memory.cli.store import (
     CliError,
@@ -181,6 +182,7 @@ def where(
     ] = "chat_messages",
 ) -> None:
     """Where the tiers are: one store for the command, closed when it ends."""
+    tolerant_output()
     store = Store(
         url=url or None,
         home=home or default_home(),
@@ -372,7 +374,7 @@ def export(
         sys.stdout.write(document)
         sys.stdout.flush()
         return
-    output.write_text(document, encoding="utf-8")
+    output.write_text(document, encoding="utf-8", errors="backslashreplace")
     Console(stderr=True, highlight=False, soft_wrap=True).print(
         Text(f"wrote {len(rows)} messages of session {session!r} to {output}")
     )

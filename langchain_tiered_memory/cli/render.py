@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +15,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, message
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from langchain_tiered_memory.core.encoding import exact_json
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -40,8 +44,12 @@ def message_text(message: BaseMessage) -> str:
 
 
 def shorten(value: str, limit: int) -> str:
-    """``value`` on one line, cut to ``limit`` characters (``0``: no limit)."""
-    value = " ".join(value.split())
+    r"""``value`` on one line, cut to ``limit`` characters (``0``: no limit).
+
+    A lone surrogate is shown as its escape (``\ud83d``), so a table measures the
+    cell as it is printed.
+    """
+    value = " ".join(value.split()).encode("utf-8", "backslashreplace").decode("utf-8")
     if limit <= 0 or len(value) <= limit:
         return value
     return value[: limit - 1] + "…"
@@ -139,9 +147,12 @@ def export_md(session: str, rows: Sequence[ArchivedMessage]) -> str:
 
 
 def export_jsonl(rows: Sequence[ArchivedMessage]) -> str:
-    """One JSON line per archived message (``message_to_dict``, for ``messages_from_dict``)."""
+    """One JSON line per archived message (``message_to_dict``, for ``messages_from_dict``).
+
+    Exact, as the archive: a lone surrogate is written as its JSON escape.
+    """
     return "".join(
-        json.dumps(
+        exact_json(
             {
                 "id": row.id,
                 "session_id": row.session_id,
@@ -149,9 +160,20 @@ def export_jsonl(rows: Sequence[ArchivedMessage]) -> str:
                 "role": row.role,
                 "created_at": row.created_at.isoformat(),
                 "message": message_to_dict(row.message),
-            },
-            ensure_ascii=False,
+            }
         )
         + "\n"
         for row in rows
     )
+
+
+def tolerant_output() -> None:
+    r"""Let stdout and stderr print any text, escaping what their encoding cannot hold.
+
+    The archive keeps a message exactly, a lone surrogate included, and a terminal
+    may not be UTF-8: a command shows such a character as ``\ud83d`` instead of
+    failing on it.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")

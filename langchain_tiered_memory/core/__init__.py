@@ -1,1 +1,1 @@
-"""Bottom layer: validation rules, the definition of a turn, optional-extra imports."""
+"""Bottom layer: validation rules, the definition of a turn, optional-extra imports, exact JSON."""

@@ -69,6 +69,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.validation import (
     MAX_COUNT,
     MAX_NESTING,
@@ -363,15 +364,6 @@ def _hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, ensure_ascii=True).encode("ascii")).hexdigest()
 
 
-def _dump(value: Any) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: kept exactly, as escapes
-        text = json.dumps(value)
-    return text
-
-
 def _encode_vector(vector: Sequence[float]) -> str:
     import numpy as np
 
@@ -403,7 +395,7 @@ def _encode(op: PutOp, texts: list[tuple[str, str]] | None) -> tuple[str, str | 
     """A put's stored value and BM25 tokens (``None``: a delete), refused if too large."""
     if op.value is None:
         return None
-    value = _dump(dict(op.value))
+    value = exact_json(dict(op.value))
     tokens = None
     if texts is not None:
         tokens = " ".join(token for _, text in texts for token in tokenize(text))
