@@ -5,6 +5,7 @@ no model is loaded until a class is used.
 """
 
 from langchain_tiered_memory.core.extras import MissingExtraError, import_extra
+from langchain_tiered_memory.core.validation import EmbeddingDimensionError
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
@@ -52,6 +53,7 @@ __all__ = [
     "ChromaLongMemory",
     "ContextCompressor",
     "ContextOverflowError",
+    "EmbeddingDimensionError",
     "FinishReasonHandler",
     "ForgetIncompleteError",
     "KnowledgeBase",

@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_tiered_memory import MySQLBackup
+from langchain_tiered_memory import EmbeddingDimensionError, MySQLBackup
 from langchain_tiered_memory.tiers.long_memory import (
     ChromaLongMemory,
     ChromaVectorIndex,
@@ -101,6 +102,42 @@ def test_index_path_matches_the_exact_path(make_memory: MakeMemory, backup: MySQ
     overlap = sum(len(set(a) & set(b)) for a, b in zip(exact, indexed, strict=True))
     assert overlap / (5 * len(queries)) >= 0.9
     assert sum(a[0] == b[0] for a, b in zip(exact, indexed, strict=True)) >= 0.9 * len(queries)
+
+
+def upgraded(make_memory: MakeMemory, backup: MySQLBackup, **new: Any) -> ChromaLongMemory:
+    """Memories of session s1 embedded in 384 dimensions, then the tier on a 768 model."""
+    old = make_memory(embedding=DeterministicFakeEmbedding(size=384))
+    fill(backup, old, "s1", "u1", 3)
+    old.close()
+    return make_memory(embedding=DeterministicFakeEmbedding(size=768), **new)
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
+def test_search_with_a_model_of_another_size_names_both_sizes(
+    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+) -> None:
+    new = upgraded(make_memory, backup, exact_limit=exact_limit)
+
+    with pytest.raises(EmbeddingDimensionError) as refused:
+        new.search("invoice number 1", session_id="s1")
+
+    assert isinstance(refused.value, ValueError)
+    assert (refused.value.stored, refused.value.model) == ((384,), 768)
+    assert "384 dimensions" in str(refused.value) and "768" in str(refused.value)
+
+
+def test_search_over_memories_of_two_model_sizes_names_them(
+    make_memory: MakeMemory, backup: MySQLBackup, collection_name: str
+) -> None:
+    # A new model with a new collection, over the same archive: the scope holds both.
+    new = upgraded(make_memory, backup, collection_name=f"{collection_name}_768")
+    fill(backup, new, "s2", "u1", 2)
+
+    with pytest.raises(EmbeddingDimensionError) as refused:
+        new.search("invoice", user_id="u1", scope="user")
+
+    assert refused.value.stored == (384, 768)
+    assert "384 and 768 dimensions" in str(refused.value)
 
 
 def test_forget_removes_the_scope_from_chroma_and_the_index_path(

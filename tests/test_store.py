@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from sqlalchemy import select
 
-from langchain_tiered_memory import MySQLBackup, TieredStore
+from langchain_tiered_memory import EmbeddingDimensionError, MySQLBackup, TieredStore
 from langchain_tiered_memory.integrations.store import (
     InvalidFilterError,
     InvalidKeyError,
@@ -80,6 +81,30 @@ def test_hybrid_search_blends_vectors_with_bm25(hybrid: TieredStore) -> None:
     assert keys(hits)[0] == "tea"
     assert all(hit.score is not None for hit in hits)  # every indexed item has a vector
     assert hits[0].score >= hits[1].score  # type: ignore[operator]
+
+
+def test_a_query_after_a_change_of_model_size_names_both_sizes(backup: MySQLBackup) -> None:
+    old = TieredStore(
+        backup, index={"embed": DeterministicFakeEmbedding(size=384), "fields": ["text"]}
+    )
+    old.put(("u1",), "tea", {"text": "likes oolong tea"})
+    new = TieredStore(
+        backup, index={"embed": DeterministicFakeEmbedding(size=768), "fields": ["text"]}
+    )
+    try:
+        new.put(("u1",), "coffee", {"text": "hates coffee"})
+
+        with pytest.raises(EmbeddingDimensionError) as refused:
+            new.search(("u1",), query="tea")
+
+        assert isinstance(refused.value, ValueError)
+        assert (refused.value.stored, refused.value.model) == ((384,), 768)
+        assert "384 dimensions" in str(refused.value) and "768" in str(refused.value)
+        # What compares no vectors still works: nothing is lost.
+        assert new.get(("u1",), "tea").value == {"text": "likes oolong tea"}  # type: ignore[union-attr]
+        assert keys(new.search(("u1",))) == ["tea", "coffee"]
+    finally:
+        old.metadata.drop_all(backup.engine)
 
 
 def test_a_query_respects_the_filter_and_the_page(store: TieredStore) -> None:

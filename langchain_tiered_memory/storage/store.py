@@ -78,6 +78,7 @@ from langchain_tiered_memory.core.validation import (
 )
 from langchain_tiered_memory.storage.base import MAX_PACKET_BYTES, Plan, utcnow
 from langchain_tiered_memory.text.lexical import BM25Index, fuse, tokenize
+from langchain_tiered_memory.text.similarity import similarities
 
 T = TypeVar("T")
 
@@ -750,7 +751,7 @@ class StorePlanner:
                 norms = np.linalg.norm(matrix, axis=1)
                 sims = np.zeros_like(norms)
                 mask = norms != 0
-                sims[mask] = matrix[mask] @ target / (norms[mask] * target_norm)
+                sims[mask] = similarities(matrix[mask], target) / (norms[mask] * target_norm)
                 dense[str(position)] = float(sims.max())
         weight = self.dense_weight if query_vector is not None else 0.0
         lexical: dict[str, float] = {}

@@ -1,1 +1,1 @@
-"""Text layer: token counting, lexical search (CJK-aware) and offline embeddings."""
+"""Text layer: token counting, lexical search (CJK-aware), vector similarity, offline embeddings."""

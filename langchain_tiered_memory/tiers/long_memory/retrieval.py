@@ -31,6 +31,7 @@ from langchain_tiered_memory.core.validation import check_int, time_window, vali
 from langchain_tiered_memory.storage.base import Plan
 from langchain_tiered_memory.text.embeddings import knows, similarity_floor
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
+from langchain_tiered_memory.text.similarity import similarities, unit_rows
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
     context_ids,
@@ -359,9 +360,12 @@ class MemorySearch:
             hits = self.vectors.query(
                 vector, min(wanted, len(index.rows)), resolved.session_id, resolved.user_id
             )
-        except Exception as exc:  # the index is unreachable: answer from the lexical side
-            logger.warning("dense search unavailable (%s); using BM25 only", exc)
-            return {}
+        except Exception as exc:
+            # The index is unreachable, or refuses the query (another model's size):
+            # the lexical hits are still compared with their catalog vectors below,
+            # which names a change of model size instead of hiding it.
+            logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
+            hits = []
         scoped = index.rows if allowed is None else allowed
         dense = {doc_id: score for doc_id, score in hits if doc_id in scoped}
         missing = [i for i in lexical if i not in dense]
@@ -416,27 +420,6 @@ def query_vector(embedding: Embeddings, query: str) -> list[float]:
     last = embedding.embed_query(lines[-1])
     both = unit_rows([whole, last]).sum(axis=0)
     return [float(x) for x in unit_rows([both])[0]]
-
-
-def similarities(matrix: Any, query: Any) -> Any:
-    """Dot products of each row of ``matrix`` with ``query``, on this thread.
-
-    Not ``matrix @ query``: a multi-threaded BLAS leaves its threads spinning after
-    the call, and they take the cores from the next query's embedding (measured:
-    embedding p50 13 -> 25 ms, p95 16 -> 110 ms beside a 10k x 384 product).
-    """
-    import numpy as np
-
-    return np.einsum("ij,j->i", matrix, query)
-
-
-def unit_rows(vectors: Sequence[Any]) -> Any:
-    """Vectors as a float32 matrix of unit rows (a zero row stays zero)."""
-    import numpy as np
-
-    matrix = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.where(norms == 0, 1, norms)
 
 
 def skeleton(text: str) -> set[str]:
