@@ -756,3 +756,19 @@ async def test_a_session_file_belongs_to_its_first_writer(tmp_path: Path) -> Non
     files.clear("s", user_id="alice")
     files.add_messages("s", turn(3), user_id="bob")
     assert bob.messages == turn(3)
+
+
+def test_a_lone_surrogate_and_a_value_json_cannot_hold_are_kept_as_the_archive_keeps_them(
+    tmp_path: Path,
+) -> None:
+    files, database = SessionFileArchive(tmp_path), MySQLBackup(f"sqlite:///{tmp_path / 'a.db'}")
+    message = HumanMessage("half an emoji \ud83d", additional_kwargs={"due": datetime(2023, 6, 1)})
+    files.add_messages("s1", [HumanMessage("first")])
+    for archive in (files, database):
+        archive.add_messages("s1", [message])
+    [_, stored] = files.get_messages("s1")
+    assert stored.content == "half an emoji \ud83d"
+    assert stored == database.get_messages("s1")[0]
+    assert stored.additional_kwargs["due"]["type"] == "not_implemented"
+    assert SessionFileArchive(tmp_path).get_messages("s1")[0].content == "first"
+    database.dispose()

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote_plus
 
-from langchain_core.load import dumpd
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from sqlalchemy import (
     Connection,
@@ -53,6 +52,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.lifecycle import Lifecycle
 from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
@@ -343,35 +343,8 @@ async def _run_async(
             raise
 
 
-def _string_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            key if isinstance(key, str) else repr(key): _string_keys(item)
-            for key, item in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [_string_keys(item) for item in value]
-    return value
-
-
-def _stand_in(value: Any) -> Any:
-    # A value JSON cannot hold (a tool's DataFrame or date artifact) is kept as
-    # LangChain's own stand-in for it (``not_implemented``, with its repr), as
-    # LangChain's tracers do: the message is archived, that value as its repr.
-    return dumpd(value)
-
-
 def _encode(message: BaseMessage) -> list[str]:
-    data = message_to_dict(message)
-    try:
-        payload = json.dumps(data, ensure_ascii=False, default=_stand_in)
-    except TypeError:  # a key JSON cannot hold (a tuple): every such key as its repr
-        data = _string_keys(data)
-        payload = json.dumps(data, ensure_ascii=False, default=_stand_in)
-    try:
-        payload.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: kept exactly, as \udXXX escapes
-        payload = json.dumps(data, default=_stand_in)
+    payload = exact_json(message_to_dict(message), stand_ins=True)
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
 
 

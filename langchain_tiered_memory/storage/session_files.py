@@ -28,6 +28,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 
+from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.turns import role_of, turn_starts
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -211,17 +212,16 @@ class SessionFileArchive(InlineAsyncArchive):
         session stays as it was.
         """
         path, meta_path = self.paths(session_id)
-        atomic_write(meta_path, json.dumps(meta, ensure_ascii=False))
+        atomic_write(meta_path, exact_json(meta))
         try:
             atomic_write(
-                path,
-                json.dumps({"session_id": session_id, "messages": stored}, ensure_ascii=False),
+                path, exact_json({"session_id": session_id, "messages": stored}, stand_ins=True)
             )
         except BaseException:
             if previous is None:
                 meta_path.unlink(missing_ok=True)
             else:
-                atomic_write(meta_path, json.dumps(previous, ensure_ascii=False))
+                atomic_write(meta_path, exact_json(previous))
             raise
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
