@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRetryMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
@@ -186,6 +187,17 @@ async def test_async_run_uses_the_async_archive(
     await backup.adispose()
 
 
+def agent_calling(backup: MySQLBackup, tool_: Any, args: dict[str, Any], *replies: str) -> Any:
+    """A checkpointed agent whose model calls ``tool_`` once (id ``c1``), then says ``replies``."""
+    first = AIMessage("", tool_calls=[{"name": tool_.name, "args": args, "id": "c1"}])
+    return create_agent(
+        script(first, *replies),
+        [tool_],
+        middleware=[TieredMemoryMiddleware(backup=backup)],
+        checkpointer=InMemorySaver(),
+    )
+
+
 @tool(response_format="content_and_artifact")
 def invoice(number: str) -> tuple[str, Any]:
     """An invoice's amount (its artifact: values JSON cannot hold)."""
@@ -196,15 +208,7 @@ def invoice(number: str) -> tuple[str, Any]:
 async def test_a_tool_artifact_json_cannot_hold_is_archived_and_the_thread_goes_on(
     backup: MySQLBackup, mode: str
 ) -> None:
-    invoice_call = AIMessage(
-        "", tool_calls=[{"name": "invoice", "args": {"number": "42"}, "id": "c1"}]
-    )
-    agent = create_agent(
-        script(invoice_call, "Invoice 42 is 120 EUR.", "You are welcome."),
-        [invoice],
-        middleware=[TieredMemoryMiddleware(backup=backup)],
-        checkpointer=InMemorySaver(),
-    )
+    agent = agent_calling(backup, invoice, {"number": "42"}, "Invoice 42 is 120.", "Welcome.")
     for question in ("What is invoice 42?", "Thanks."):
         if mode == "sync":
             agent.invoke(ask(question), thread("t1"))
@@ -252,6 +256,74 @@ async def test_a_message_the_archive_refuses_is_refused_before_the_model_and_onl
     assert archived == agent.get_state(thread("t1")).values["messages"]
     if mode == "async":
         await backup.adispose()
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@tool(response_format="content_and_artifact")
+def deep_lookup(query: str) -> tuple[str, Any]:
+    """A lookup whose artifact nests deeper than the archive keeps."""
+    return "found 42", _nested(205)
+
+
+def test_a_tool_result_the_archive_refuses_keeps_its_place_so_the_pair_stays_whole(
+    backup: MySQLBackup,
+) -> None:
+    agent = agent_calling(backup, deep_lookup, {"query": "x"}, "It is 42.", "Bye.")
+    agent.invoke(ask("What is it?"), thread("t1"))
+    agent.invoke(ask("Thanks."), thread("t1"))
+
+    archived = backup.get_messages("t1")
+    assert roles(archived) == ["human", "ai", "tool", "ai", "human", "ai"]
+    assert archived[2].tool_call_id == "c1" and "not archived" in archived[2].content
+    validate_conversation(archived)  # no tool call without its answer
+
+
+def test_a_refused_tool_result_in_the_input_goes_with_its_call(backup: MySQLBackup) -> None:
+    model = script("Answer.")
+    agent = create_agent(
+        model,
+        [stock_level],
+        middleware=[TieredMemoryMiddleware(backup=backup)],
+        checkpointer=InMemorySaver(),
+    )
+    bad_result = ToolMessage(
+        "12 units", tool_call_id="c1", additional_kwargs={"session_date": "someday"}
+    )
+    with pytest.raises(InvalidSessionDateError):
+        agent.invoke(
+            {"messages": [HumanMessage("Stock?"), call("A-1", "c1"), bad_result]}, thread("t1")
+        )
+    agent.invoke(ask("Next."), thread("t1"))
+
+    state = agent.get_state(thread("t1")).values["messages"]
+    assert roles(state) == ["human", "human", "ai"]  # the call went with its refused answer
+    validate_conversation(model.prompts[-1])
+    assert backup.get_messages("t1") == state
+
+
+def test_a_refusal_reaches_the_caller_through_a_model_retry_middleware(
+    backup: MySQLBackup,
+) -> None:
+    model = script("Answer.")
+    agent = create_agent(
+        model,
+        [],
+        middleware=[
+            ModelRetryMiddleware(max_retries=2, initial_delay=0.01),
+            TieredMemoryMiddleware(backup=backup),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+    bad = {"messages": [HumanMessage("notes", additional_kwargs={"session_date": "tuesday"})]}
+    with pytest.raises(InvalidSessionDateError):
+        agent.invoke(bad, thread("t1"))
+    assert model.prompts == [] and backup.get_messages("t1") == []
 
 
 # -- before each call: memories for this call only ------------------------------------

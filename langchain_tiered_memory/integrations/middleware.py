@@ -25,12 +25,15 @@ from langchain.agents.middleware.types import (
 )
 from langchain_core.documents import Document
 from langchain_core.messages import (
+    AIMessage,
     AnyMessage,
     BaseMessage,
     HumanMessage,
     RemoveMessage,
     SystemMessage,
+    ToolMessage,
 )
+from langchain_core.messages.tool import tool_call
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
@@ -136,6 +139,39 @@ def _refusals(messages: Sequence[BaseMessage]) -> list[tuple[BaseMessage, Except
         except (TypeError, ValueError) as exc:
             refusals.append((message, exc))
     return refusals
+
+
+def _placeholder(message: BaseMessage, exc: Exception) -> BaseMessage | None:
+    """What is archived for a message of the run the archive refused.
+
+    A tool result or a tool call keeps its place, and its pair stays whole (a
+    provider refuses a call without its answer); any other message is left out.
+    """
+    note = f"[not archived: {type(exc).__name__}: {exc}]"[:1000]
+    if isinstance(message, ToolMessage):
+        return ToolMessage(note, tool_call_id=message.tool_call_id, id=message.id)
+    if isinstance(message, AIMessage) and message.tool_calls:
+        calls = [tool_call(name=c["name"], args={}, id=c["id"]) for c in message.tool_calls]
+        return AIMessage(note, tool_calls=calls, id=message.id)
+    return None
+
+
+def _exchange(messages: Sequence[BaseMessage], first: BaseMessage) -> list[BaseMessage]:
+    """``first`` and what follows it, with the tool call it answers (if among ``messages``).
+
+    Removing a tool result without its call, or a call without its results,
+    would leave the thread with a call no provider accepts.
+    """
+    at = next(i for i, m in enumerate(messages) if m is first)
+    if isinstance(first, ToolMessage):
+        for i in range(at - 1, -1, -1):
+            candidate = messages[i]
+            if isinstance(candidate, AIMessage) and any(
+                c["id"] == first.tool_call_id for c in candidate.tool_calls
+            ):
+                at = i
+                break
+    return list(messages[at:])
 
 
 def _tool_key(tool: Any) -> str:
@@ -368,9 +404,6 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         return request.override(system_message=system, messages=messages)
 
     def _request_plan(self, request: ModelRequest[Any]) -> StepPlan[ModelRequest[Any]]:
-        refused: Mapping[str, str] | None = request.state.get(REFUSED_KEY)  # type: ignore[assignment]
-        if refused:
-            raise REFUSALS.get(refused["error"], ValueError)(refused["message"])
         history = self.history(request.runtime)
         query = _last_human_text(request.messages)
         # The search is sync (embedding, in-process scoring): an executor on the async path.
@@ -400,18 +433,21 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     def _refuse(self, state: TieredMemoryState) -> dict[str, Any] | None:
         """Take the new messages the archive would refuse out of the thread.
 
-        They are refused before any model call: the model call raises their error
-        (``wrap_model_call``). Left in a checkpointed thread, such a message would
-        fail every later run's archiving after the model had answered.
+        The first refused message goes with what follows it and with the tool call
+        it answers, so the thread keeps no call without its answer; the refusal is
+        raised before the model is called (``before_model``). Left in a checkpointed
+        thread, such a message would fail every later run's archiving.
         """
-        refusals = _refusals(self._unarchived(state)[0])
+        fresh = self._unarchived(state)[0]
+        refusals = _refusals(fresh)
         if not refusals:
             return {REFUSED_KEY: None} if state.get(REFUSED_KEY) else None
         first = refusals[0][1]
         error = type(first).__name__ if type(first).__name__ in REFUSALS else "ValueError"
         reason = "; ".join(f"message {m.id!r} refused: {exc}" for m, exc in refusals)
+        removed = _exchange(fresh, refusals[0][0])
         return {
-            "messages": [RemoveMessage(id=m.id) for m, _ in refusals if m.id is not None],
+            "messages": [RemoveMessage(id=m.id) for m in removed if m.id is not None],
             REFUSED_KEY: {"error": error, "message": reason},
         }
 
@@ -428,6 +464,24 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     ) -> dict[str, Any] | None:
         """Async :meth:`before_agent` (no I/O: the same check)."""
         return self._refuse(state)
+
+    @staticmethod
+    def _raise_refusal(state: TieredMemoryState) -> None:
+        # Raised from a graph node, not from inside the model call: a retry or
+        # fallback middleware around the model would take it for a model error.
+        refused: Mapping[str, str] | None = state.get(REFUSED_KEY)
+        if refused:
+            raise REFUSALS.get(refused["error"], ValueError)(refused["message"])
+
+    @override
+    def before_model(self, state: TieredMemoryState, runtime: Runtime[Any]) -> None:
+        """Raise the refusal of the run's input, before the model is called."""
+        self._raise_refusal(state)
+
+    @override
+    async def abefore_model(self, state: TieredMemoryState, runtime: Runtime[Any]) -> None:
+        """Async :meth:`before_model`."""
+        self._raise_refusal(state)
 
     # -- after the run ----------------------------------------------------------
 
@@ -461,11 +515,12 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         # A message made during the run (a tool's) that the archive refuses is
         # logged and left out, not raised: the run has answered, and raising would
         # fail every later run of the thread on the same message.
-        refusals = _refusals(fresh)
-        for message, exc in refusals:
+        placeholders: dict[int, BaseMessage | None] = {}
+        for message, exc in _refusals(fresh):
             logger.error("not archived: %s message %r: %s", message.type, message.id, exc)
-        refused = {id(m) for m, _ in refusals}
-        fresh = [m for m in fresh if id(m) not in refused]
+            placeholders[id(message)] = _placeholder(message, exc)
+        kept = (placeholders.get(id(m), m) for m in fresh)
+        fresh = [m for m in kept if m is not None]
         if fresh:
             turns = self._tail_turns(fresh)
             tail = yield Call(

@@ -412,15 +412,14 @@ class Catalog:
                 memory_id = successor.get(memory_id)
             return None if memory_id in gone else memory_id
 
+        result = yield select(c.id, c.superseded_by).where(
+            c.superseded_by.in_(list(gone)), c.id.not_in(list(gone))
+        )
         relink: dict[str | None, list[str]] = {}
-        for memory_id in gone:
-            relink.setdefault(standing(memory_id), []).append(memory_id)
-        for target, links in relink.items():
-            yield (
-                update(self.table)
-                .where(c.superseded_by.in_(links), c.id.not_in(list(gone)))
-                .values(superseded_by=target)
-            )
+        for row in result:  # usually none: one update per memory that stands in their place
+            relink.setdefault(standing(row.superseded_by), []).append(row.id)
+        for target, linked in relink.items():
+            yield update(self.table).where(c.id.in_(linked)).values(superseded_by=target)
         yield delete(self.table).where(c.id.in_(list(gone)))
 
     def count_plan(self) -> Plan[int]:
