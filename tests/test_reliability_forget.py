@@ -425,3 +425,29 @@ def test_a_turn_extracted_while_a_forget_runs_leaves_no_vector_behind(
     assert raced and backup.get_messages("s1") == []
     assert backup.stats().memory_count == 0
     assert memory.collection.get(where={"user_id": "u1"})["ids"] == []
+
+
+def test_a_store_that_fails_does_not_keep_another_of_the_same_name_from_being_erased(
+    backup: MySQLBackup,
+) -> None:
+    erased: list[str] = []
+
+    class Store:
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
+
+        def __repr__(self) -> str:
+            return "Store()"  # two stores, one name
+
+        def erase(self, *scope: Any) -> None:
+            if self.fails:
+                raise ConnectionError("down")
+            erased.append("erased")
+
+    stores = [Store(fails=True), Store(fails=False)]
+    for store in stores:
+        backup.on_forget(store.erase)
+    backup.add_messages("s1", _turn("secret"), user_id="u")
+    with pytest.raises(ForgetIncompleteError, match="down"):
+        backup.forget(user_id="u")
+    assert erased == ["erased", "erased"]  # before and after the archive's delete

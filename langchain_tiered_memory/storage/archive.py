@@ -1136,19 +1136,19 @@ class MySQLBackup(Lifecycle):
 
         self.run(drop_jobs(), write=True)
         unfinished: list[str] = []
-        failed: set[str] = set()  # stores that could not be erased: reported once
+        failed: set[object] = set()  # stores that could not be erased: reported once
 
         def erase_recorded(record: TierRecord) -> None:
             _eraser(record)(sessions, session_id, user_id)
 
-        def attempt(what: str, erase: Callable[[], None]) -> None:
-            if what in failed:
+        def attempt(store: object, what: str, erase: Callable[[], None]) -> None:
+            if store in failed:
                 return
             try:
                 erase()
             except Exception as exc:  # the others are still erased; this one is reported
                 logger.warning("forget could not erase %s: %s", what, exc)
-                failed.add(what)
+                failed.add(store)
                 unfinished.append(f"{what}: {type(exc).__name__}: {exc}")
 
         def erase_stores() -> None:
@@ -1159,10 +1159,10 @@ class MySQLBackup(Lifecycle):
                     continue
                 if key is not None:
                     erased.add(key)
-                attempt(what, partial(hook, sessions, session_id, user_id))
+                attempt(key or ref, what, partial(hook, sessions, session_id, user_id))
             for record in self.tiers():
                 if record.key not in erased:
-                    attempt(str(record), partial(erase_recorded, record))
+                    attempt(record.key, str(record), partial(erase_recorded, record))
 
         erase_stores()
         finish = partial(self._finish_forget_plan, session_id, user_id, sessions, unfinished)
