@@ -552,9 +552,10 @@ def test_a_message_of_a_type_that_cannot_be_read_back_is_refused_and_nothing_is_
 
 
 def test_values_json_cannot_hold_are_archived_as_langchains_stand_in(backup: MySQLBackup) -> None:
-    odd = {"when": datetime.date(2023, 6, 1), (1, 2): "a tuple key"}
+    odd = {"when": datetime.date(2023, 6, 1), (1, 2): "a tuple key", "(1, 2)": "its name"}
     backup.add_messages("s1", [HumanMessage("hi", additional_kwargs=odd)])
     [stored] = backup.get_messages("s1")
     assert stored.content == "hi"
     assert stored.additional_kwargs["when"]["repr"] == "datetime.date(2023, 6, 1)"
-    assert stored.additional_kwargs["(1, 2)"] == "a tuple key"
+    assert stored.additional_kwargs["(1, 2) (2)"] == "a tuple key"  # no value lost
+    assert stored.additional_kwargs["(1, 2)"] == "its name"

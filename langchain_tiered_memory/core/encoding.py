@@ -19,15 +19,30 @@ def stand_in(value: Any) -> Any:
 
 
 def string_keys(value: Any) -> Any:
-    """``value`` with every dict key JSON cannot hold (a tuple) as its ``repr``."""
+    """``value`` with every dict key a string: as JSON writes it, else its ``repr``.
+
+    A key whose string another key of the dict already is gets a numbered suffix,
+    so that no value is lost.
+    """
     if isinstance(value, dict):
-        return {
-            key if isinstance(key, str) else repr(key): string_keys(item)
-            for key, item in value.items()
-        }
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            name = key if isinstance(key, str) else _key_name(key)
+            unique, n = name, 1
+            while unique in out or (unique != key and unique in value):
+                n += 1
+                unique = f"{name} ({n})"
+            out[unique] = string_keys(item)
+        return out
     if isinstance(value, (list, tuple)):
         return [string_keys(item) for item in value]
     return value
+
+
+def _key_name(key: Any) -> str:
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)  # "null", "true", "1", "1.5": what json.dumps makes of it
+    return repr(key)
 
 
 def exact_json(value: Any, *, stand_ins: bool = False) -> str:
