@@ -160,6 +160,7 @@ def test_bad_settings_are_value_errors(chroma_client: Any) -> None:
         {"chunk_size": 100, "chunk_overlap": 100},
         {"chunk_overlap": -1},
         {"collection_name": ""},
+        {"collection_name": "k2"},  # refused by Chroma (under 3 characters)
     ):
         with pytest.raises(ValueError, match=r"chunk_size|chunk_overlap|collection_name"):
             KnowledgeBase(client=chroma_client, embedding=HashEmbeddings(), **kwargs)
@@ -190,6 +191,27 @@ def test_adding_the_same_texts_again_does_not_duplicate(make_kb: MakeKB) -> None
     second = kb.add_texts([AR_DOC, "another text"])
     assert first == second
     assert kb.count() == len(first)
+
+
+def test_texts_of_one_source_are_one_document_and_re_adding_it_replaces_it(
+    make_kb: MakeKB,
+) -> None:
+    kb = make_kb(chunk_size=60, chunk_overlap=0)
+    paragraphs = [AR_DOC, "Deployments happen on Fridays.", "keep me"]
+    ids = kb.add_texts(paragraphs, [{"source": "wiki/ar"}, {"source": "wiki/ar"}, {}])
+    assert len(ids) == len(set(ids)) == kb.count()
+    wiki = sorted(m["chunk"] for _, m in all_chunks(kb).values() if m.get("source") == "wiki/ar")
+    assert wiki == list(range(len(ids) - 1))  # numbered across the source's texts
+
+    kb.add_texts(["New policy: pay within 10 days."], [{"source": "wiki/ar"}])
+    texts = sorted(text for text, _ in all_chunks(kb).values())
+    assert texts == ["New policy: pay within 10 days.", "keep me"]
+
+
+def test_the_same_text_twice_in_one_call_is_stored_once(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    ids = kb.add_texts(["same words", "same words", "other words"])
+    assert len(ids) == kb.count() == 2
 
 
 def test_chinese_text_is_split_at_sentence_ends(make_kb: MakeKB) -> None:

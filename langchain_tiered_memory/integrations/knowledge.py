@@ -31,6 +31,7 @@ from langchain_tiered_memory.tiers.long_memory import (
     digest,
     make_chroma_client,
 )
+from langchain_tiered_memory.tiers.long_memory.chroma import refused_name
 
 if TYPE_CHECKING:
     from langchain_text_splitters import TextSplitter
@@ -118,9 +119,15 @@ class KnowledgeBase:
         self.client = make_chroma_client(
             client, persist_directory, host, port, feature="KnowledgeBase"
         )
-        self.collection = self.client.get_or_create_collection(
-            collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
-        )
+        try:
+            self.collection = self.client.get_or_create_collection(
+                collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+            )
+        except Exception as exc:
+            refused = refused_name(exc, collection_name)
+            if refused is None:
+                raise
+            raise refused from exc
         if embedding is None:
             from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
 
@@ -196,9 +203,11 @@ class KnowledgeBase:
     ) -> list[str]:
         """Split texts into chunks and store them.
 
-        A chunk's id depends on its text's ``source`` metadata (or, without one, on
-        the text) and its position, so adding the same text again overwrites
-        rather than duplicates.
+        The texts of one ``source`` (metadata) are one document: its chunks are
+        numbered across them, and adding that source again replaces its chunks, as
+        :meth:`add_files` does a file's (chunks beyond the new end are deleted
+        after the new ones are stored). A text without a source is keyed by its
+        text: adding it again, or twice in one call, stores it once.
 
         Args:
             texts: The texts.
@@ -223,17 +232,44 @@ class KnowledgeBase:
         if metadatas is not None and len(metadatas) != len(texts):
             msg = f"got {len(metadatas)} metadatas for {len(texts)} texts"
             raise ValueError(msg)
-        ids: list[str] = []
-        chunks: list[str] = []
-        chunk_metadatas: list[dict[str, Any]] = []
+        # One entry per source (its texts' chunks in order, numbered across them),
+        # or per distinct text without a source: two texts of one source are one
+        # document, and the same text twice is stored once.
+        groups: dict[str, tuple[Any, list[str], list[dict[str, Any]]]] = {}
         for position, text in enumerate(texts):
             metadata = dict(metadatas[position]) if metadatas is not None else {}
-            key = str(metadata["source"]) if "source" in metadata else f"text:{digest(text)}"
-            for index, chunk in enumerate(self._text_splitter.split_text(text)):
-                ids.append(digest(key, str(index))[:32])
+            source = metadata.get("source")
+            key = f"source:{source}" if "source" in metadata else f"text:{digest(text)}"
+            if key not in groups:
+                groups[key] = (source if "source" in metadata else None, [], [])
+            elif source is None and "source" not in metadata:
+                continue
+            _, chunks, chunk_metadatas = groups[key]
+            for chunk in self._text_splitter.split_text(text):
+                chunk_metadatas.append({**metadata, "chunk": len(chunks)})
                 chunks.append(chunk)
-                chunk_metadatas.append({**metadata, "chunk": index})
-        self._upsert(ids, chunks, chunk_metadatas)
+        ids: list[str] = []
+        for key, (source, chunks, chunk_metadatas) in groups.items():
+            ids += self._store(
+                key.removeprefix("source:") if source is not None else key,
+                chunks,
+                chunk_metadatas,
+                source,
+            )
+        return ids
+
+    def _store(
+        self,
+        key: str,
+        chunks: list[str],
+        metadatas: list[dict[str, Any]],
+        source: Any = None,
+    ) -> list[str]:
+        """Store one document's chunks; with a ``source``, its chunks beyond them go."""
+        ids = [digest(key, str(index))[:32] for index in range(len(chunks))]
+        self._upsert(ids, chunks, metadatas)
+        if source is not None:  # after the new ones are stored: never a moment with none
+            self._delete_where({"source": source}, keep=set(ids))
         return ids
 
     def add_files(
@@ -279,14 +315,11 @@ class KnowledgeBase:
                 else self._text_splitter
             )
             chunks = splitter.split_text(text)
-            ids = [digest(source, str(index))[:32] for index in range(len(chunks))]
             metadatas = [
                 {"source": source, "filename": file.name, "chunk": index}
                 for index in range(len(chunks))
             ]
-            self._upsert(ids, chunks, metadatas)
-            self._delete_where({"source": source}, keep=set(ids))
-            all_ids.extend(ids)
+            all_ids += self._store(source, chunks, metadatas, source)
         return all_ids
 
     def _delete_where(self, where: dict[str, Any], keep: set[str] | None = None) -> int:

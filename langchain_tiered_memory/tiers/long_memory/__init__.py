@@ -46,6 +46,7 @@ from langchain_tiered_memory.tiers.long_memory.chroma import (
     chroma_locator,
     erase_from_record,
     make_chroma_client,
+    refused_name,
 )
 from langchain_tiered_memory.tiers.long_memory.retrieval import (
     EXACT_LIMIT,
@@ -261,9 +262,9 @@ class ChromaLongMemory(ExtractionWorker):
         try:
             self.collection  # noqa: B018
         except Exception as exc:
-            if type(exc).__name__ == "InvalidArgumentError":  # chromadb's, for a bad name
-                msg = f"collection_name {self._collection_name!r} is refused by Chroma: {exc}"
-                raise ValueError(msg) from exc
+            refused = refused_name(exc, self._collection_name)
+            if refused is not None:
+                raise refused from exc
             if own_client or host is None:
                 raise
             # A server that is down must not stop the chat: turns are archived and

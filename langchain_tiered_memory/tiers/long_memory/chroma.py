@@ -64,6 +64,13 @@ def is_damaged(exc: BaseException) -> bool:
     return type(exc).__name__ == "InternalError" and "Failed to apply logs" in str(exc)
 
 
+def refused_name(exc: BaseException, name: str) -> ValueError | None:
+    """The error for a collection name Chroma refuses (too short, bad characters); else ``None``."""
+    if type(exc).__name__ != "InvalidArgumentError":  # chromadb's, for a bad name
+        return None
+    return ValueError(f"collection_name {name!r} is refused by Chroma: {exc}")
+
+
 def chroma_where(session_id: str | None, user_id: str | None) -> dict[str, Any]:
     """The metadata filter of a scope (a session, a user, or a user's session)."""
     clauses: list[dict[str, Any]] = []
