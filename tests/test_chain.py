@@ -43,6 +43,7 @@ from langchain_tiered_memory import (
     create_tiered_chain,
 )
 from langchain_tiered_memory.core.prompts import PROMPTS
+from langchain_tiered_memory.core.validation import SESSION_DATE_KEY, InvalidSessionDateError
 from langchain_tiered_memory.integrations.chain import RetrievalFailedWarning, TieredChain
 from langchain_tiered_memory.integrations.finish_reason import MARK_KEY
 from langchain_tiered_memory.tiers.compression import SUMMARY_KEY
@@ -147,6 +148,30 @@ def test_invoke_accepts_dicts_strings_and_messages_and_archives_each_turn(
 
     custom = create_tiered_chain(model("ok"), backup=backup, input_key="question")
     assert custom.invoke({"question": "q"}, config("t")).content == "ok"
+
+
+def test_a_human_message_input_is_sent_and_archived_whole(backup: MySQLBackup) -> None:
+    llm = model("A cat.", "Yes.")
+    knowledge = InMemoryVectorStore(HashEmbeddings())
+    knowledge.add_texts(["Cats are small felines."])
+    chat = create_tiered_chain(llm, backup=backup, knowledge=knowledge.as_retriever(k=1))
+    image = {"type": "image", "url": "https://example.com/cat.png"}
+    question = HumanMessage(
+        [{"type": "text", "text": "What is in this picture?"}, image],
+        id="q-1",
+        additional_kwargs={SESSION_DATE_KEY: "2023-05-08"},
+    )
+    chat.invoke(question, config("s"))
+
+    sent = llm.prompts[0][-1]
+    assert image in sent.content  # the model sees the picture, after the knowledge block
+    assert "Cats are small felines." in sent.text and "What is in this picture?" in sent.text
+    [human, _] = archived(backup, "s")
+    assert human == question  # its blocks, id and session date, as given
+    with pytest.raises(InvalidSessionDateError):
+        bad = HumanMessage("hi", additional_kwargs={SESSION_DATE_KEY: "someday"})
+        chat.invoke(bad, config("s"))
+    assert len(llm.prompts) == 1  # refused before the model
 
 
 def test_bad_input_and_config_are_clear_errors_and_write_nothing(backup: MySQLBackup) -> None:

@@ -52,7 +52,7 @@ from langchain_tiered_memory.core.steps import (
     run,
     run_stream,
 )
-from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.core.validation import check_int, validate_messages
 from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory, resolve_backup
@@ -272,25 +272,33 @@ class TieredChain(Runnable[Any, AIMessage]):
             token_counter=self.token_counter,
         )
 
-    def _question(self, input: Any) -> str:
+    def _question(self, input: Any) -> HumanMessage:
+        """The turn's human message.
+
+        A ``HumanMessage`` input is kept as it is (its content blocks, id and
+        session date are sent and archived); a text becomes one.
+        """
+        if isinstance(input, HumanMessage):
+            validate_messages([input])
+            return input
         if isinstance(input, dict):
             if self.input_key not in input:
                 msg = f"the input has no {self.input_key!r} key (keys: {sorted(map(str, input))})"
                 raise KeyError(msg)
             value = input[self.input_key]
-        elif isinstance(input, HumanMessage):
-            value = input.text
         else:
             value = input
         if not isinstance(value, str):
             msg = (
-                f"the question must be a str (input[{self.input_key!r}] or the input itself), "
-                f"got {type(value).__name__}"
+                f"the question must be a str (input[{self.input_key!r}] or the input itself) "
+                f"or a HumanMessage, got {type(value).__name__}"
             )
             raise TypeError(msg)
-        return value
+        return HumanMessage(value)
 
-    def _start(self, input: Any, config: RunnableConfig) -> tuple[str, TieredChatMessageHistory]:
+    def _start(
+        self, input: Any, config: RunnableConfig
+    ) -> tuple[HumanMessage, TieredChatMessageHistory]:
         question = self._question(input)
         configurable = config.get("configurable") or {}
         session_id = configurable.get("session_id")
@@ -365,8 +373,9 @@ class TieredChain(Runnable[Any, AIMessage]):
             documents=_as_documents(found.get("knowledge base retrieval", [])),
         )
 
-    def assemble(self, question: str, context: _Context) -> list[BaseMessage]:
+    def assemble(self, question: str | HumanMessage, context: _Context) -> list[BaseMessage]:
         """The v3 prompt for ``question`` (before compression)."""
+        message = question if isinstance(question, HumanMessage) else HumanMessage(question)
         labels = self.labels
         system = [self.system_prompt] if self.system_prompt else []
         memory_md = context.consolidated.strip()
@@ -387,22 +396,30 @@ class TieredChain(Runnable[Any, AIMessage]):
                 _document_block(position, doc)
                 for position, doc in enumerate(context.documents, start=1)
             )
+            header = f"## {labels.knowledge}\n{blocks}\n\n## {labels.question}\n"
+            content = message.content
             messages.append(
-                HumanMessage(f"## {labels.knowledge}\n{blocks}\n\n## {labels.question}\n{question}")
+                message.model_copy(
+                    update={
+                        "content": header + content
+                        if isinstance(content, str)
+                        else [{"type": "text", "text": header}, *content]
+                    }
+                )
             )
         else:
-            messages.append(HumanMessage(question))
+            messages.append(message)
         return messages
 
     def _prepare_plan(
         self, input: Any, config: RunnableConfig
-    ) -> StepPlan[tuple[str, TieredChatMessageHistory, list[BaseMessage]]]:
+    ) -> StepPlan[tuple[HumanMessage, TieredChatMessageHistory, list[BaseMessage]]]:
         question, history = self._start(input, config)
         # The turn will be archived: refuse another user's session before any work.
         yield Call(
             lambda: history.check_owner(write=True), lambda: history.acheck_owner(write=True)
         )
-        context = yield from self._context_plan(question, history, config)
+        context = yield from self._context_plan(question.text, history, config)
         messages = yield steps.invoke(self.compressor, self.assemble(question, context), config)
         return question, history, messages
 
@@ -438,7 +455,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             answer = yield steps.invoke(self.llm, messages, config)
         # Reached only when the answer is complete: an error or an abandoned stream
         # never archives half an answer.
-        turn = [HumanMessage(question), answer]
+        turn = [question, answer]
         yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         return answer
 
