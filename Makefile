@@ -31,7 +31,7 @@ test: $(VENV)/.test
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: $(VENV)/.test
 	$(PY) -m benchmarks --eval-dir ../shared/eval
