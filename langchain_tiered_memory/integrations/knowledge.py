@@ -54,6 +54,11 @@ def _source_of(path: str | Path) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def chunk_ids(key: str, count: int) -> list[str]:
+    """The ids of a document's chunks: its key and each chunk's position."""
+    return [digest(key, str(index))[:32] for index in range(count)]
+
+
 class KnowledgeBase:
     """Documents for retrieval-augmented answers, in a Chroma collection of their own.
 
@@ -232,44 +237,31 @@ class KnowledgeBase:
         if metadatas is not None and len(metadatas) != len(texts):
             msg = f"got {len(metadatas)} metadatas for {len(texts)} texts"
             raise ValueError(msg)
-        # One entry per source (its texts' chunks in order, numbered across them),
-        # or per distinct text without a source: two texts of one source are one
-        # document, and the same text twice is stored once.
-        groups: dict[str, tuple[Any, list[str], list[dict[str, Any]]]] = {}
+        # One document per source (its texts' chunks numbered across them), or per
+        # distinct text without a source (the same text twice is stored once).
+        documents: dict[str, tuple[Any, list[str], list[dict[str, Any]]]] = {}
         for position, text in enumerate(texts):
             metadata = dict(metadatas[position]) if metadatas is not None else {}
-            source = metadata.get("source")
-            key = f"source:{source}" if "source" in metadata else f"text:{digest(text)}"
-            if key not in groups:
-                groups[key] = (source if "source" in metadata else None, [], [])
-            elif source is None and "source" not in metadata:
+            has_source = "source" in metadata
+            key = str(metadata["source"]) if has_source else f"text:{digest(text)}"
+            if key in documents and not has_source:
                 continue
-            _, chunks, chunk_metadatas = groups[key]
+            source = metadata["source"] if has_source else None
+            _, chunks, chunk_metadatas = documents.setdefault(key, (source, [], []))
             for chunk in self._text_splitter.split_text(text):
                 chunk_metadatas.append({**metadata, "chunk": len(chunks)})
                 chunks.append(chunk)
         ids: list[str] = []
-        for key, (source, chunks, chunk_metadatas) in groups.items():
-            ids += self._store(
-                key.removeprefix("source:") if source is not None else key,
-                chunks,
-                chunk_metadatas,
-                source,
-            )
-        return ids
-
-    def _store(
-        self,
-        key: str,
-        chunks: list[str],
-        metadatas: list[dict[str, Any]],
-        source: Any = None,
-    ) -> list[str]:
-        """Store one document's chunks; with a ``source``, its chunks beyond them go."""
-        ids = [digest(key, str(index))[:32] for index in range(len(chunks))]
-        self._upsert(ids, chunks, metadatas)
-        if source is not None:  # after the new ones are stored: never a moment with none
-            self._delete_where({"source": source}, keep=set(ids))
+        all_chunks: list[str] = []
+        all_metadatas: list[dict[str, Any]] = []
+        for key, (_, chunks, chunk_metadatas) in documents.items():
+            ids += chunk_ids(key, len(chunks))
+            all_chunks += chunks
+            all_metadatas += chunk_metadatas
+        self._upsert(ids, all_chunks, all_metadatas)  # one batch: the model embeds them together
+        for source, _, _ in documents.values():
+            if source is not None:  # after the new chunks are stored: never a moment with none
+                self._delete_where({"source": source}, keep=set(ids))
         return ids
 
     def add_files(
@@ -319,7 +311,10 @@ class KnowledgeBase:
                 {"source": source, "filename": file.name, "chunk": index}
                 for index in range(len(chunks))
             ]
-            all_ids += self._store(source, chunks, metadatas, source)
+            ids = chunk_ids(source, len(chunks))
+            self._upsert(ids, chunks, metadatas)
+            self._delete_where({"source": source}, keep=set(ids))  # after: never none
+            all_ids += ids
         return all_ids
 
     def _delete_where(self, where: dict[str, Any], keep: set[str] | None = None) -> int:
