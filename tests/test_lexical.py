@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 
 from langchain_tiered_memory.text.lexical import BM25Index, tokenize
@@ -66,3 +70,28 @@ def test_removed_and_replaced_documents() -> None:
     assert found.keys() == expected.keys()
     assert all(math.isclose(found[d], expected[d]) for d in found)
     assert "4" not in dict(index.search("invoice", 10))
+
+
+def test_fused_ties_rank_the_same_in_every_process() -> None:
+    # Equal scores are common (a fake or quantised embedding, one shared keyword);
+    # the order must not come from a set, whose order changes with the hash seed.
+    code = (
+        "from langchain_tiered_memory.text.lexical import fuse\n"
+        "ids = [f'mem-{i:02d}' for i in range(30)]\n"
+        "dense = dict.fromkeys(ids[:20], 0.5)\n"
+        "lexical = dict.fromkeys(ids[10:], 1.0)\n"
+        "print([i for i, _ in fuse(dense, lexical, dense_weight=0.5)])\n"
+    )
+    orders = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(1, 6)
+    }
+    assert len(orders) == 1
+    ranked = ast.literal_eval(orders.pop())
+    assert ranked[:10] == [f"mem-{i:02d}" for i in range(10, 20)]  # both sides, tied

@@ -196,7 +196,8 @@ def fuse(
             stores report them).
 
     Returns:
-        ``(id, score)`` pairs, best first.
+        ``(id, score)`` pairs, best first; equal scores by id, so a search ranks
+        the same in every process (a set's order changes with the hash seed).
     """
     top = max(lexical.values(), default=0.0) or 1.0
     weight = dense_weight if dense else 0.0
@@ -210,4 +211,4 @@ def fuse(
         + (1 - weight) * lexical.get(doc_id, 0.0) / top
         for doc_id in dense.keys() | lexical.keys()
     }
-    return sorted(scores.items(), key=lambda item: -item[1])
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
