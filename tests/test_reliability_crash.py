@@ -233,8 +233,10 @@ def test_sigkill_at_random_points_during_10000_messages(
     try:
         left = len(table_rows(backup, "jobs"))
         recovery = time.monotonic()
-        memory.flush(timeout=120)
-        consolidator.flush(timeout=120)
+        # Completeness is asserted, not speed: up to thousands of jobs are left, and a
+        # loaded 2-core machine drains them three times slower (558 left after 120 s).
+        memory.flush(timeout=600)
+        consolidator.flush(timeout=600)
         recovery = time.monotonic() - recovery
         _check_derived(backup, memory, consolidator, seed)
         victims = [victim for _, victim, _ in kills]
