@@ -89,11 +89,12 @@ class HashEmbeddings(Embeddings):
 
     languages = None  # treated as knowing every language
     dims = 256
+    salt = ""  # another salt: another model of the same size
 
     def _vector(self, text: str) -> list[float]:
         vector = [0.0] * self.dims
         for token in tokenize(text) or [text]:
-            digest = hashlib.md5(token.encode("utf-8", "surrogatepass")).digest()
+            digest = hashlib.md5((self.salt + token).encode("utf-8", "surrogatepass")).digest()
             vector[int.from_bytes(digest[:4], "little") % self.dims] += self.weight(digest)
         norm = math.sqrt(sum(x * x for x in vector)) or 1.0
         return [x / norm for x in vector]
@@ -118,6 +119,12 @@ class WeightedHashEmbeddings(HashEmbeddings):
 
     def weight(self, digest: bytes) -> float:
         return 0.5 + digest[4] / 255
+
+
+class SaltedHashEmbeddings(HashEmbeddings):
+    """Another model of ``HashEmbeddings``' size: its vectors are not comparable."""
+
+    salt = "salted:"
 
 
 USAGE = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14}

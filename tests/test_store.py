@@ -12,14 +12,20 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from sqlalchemy import select
 
-from langchain_tiered_memory import EmbeddingDimensionError, MySQLBackup, TieredStore
+from langchain_tiered_memory import (
+    EmbeddingDimensionError,
+    EmbeddingModelError,
+    MySQLBackup,
+    TieredStore,
+)
 from langchain_tiered_memory.integrations.store import (
     InvalidFilterError,
     InvalidKeyError,
     ValueTooLargeError,
 )
+from langchain_tiered_memory.text.embeddings import model_name
 
-from .fakes import HashEmbeddings
+from .fakes import HashEmbeddings, SaltedHashEmbeddings
 
 MEMORIES = {
     "tea": {"text": "用户喜欢喝乌龙茶，不加糖", "kind": "preference"},
@@ -103,6 +109,29 @@ def test_a_query_after_a_change_of_model_size_names_both_sizes(backup: MySQLBack
         # What compares no vectors still works: nothing is lost.
         assert new.get(("u1",), "tea").value == {"text": "likes oolong tea"}  # type: ignore[union-attr]
         assert keys(new.search(("u1",))) == ["tea", "coffee"]
+    finally:
+        old.metadata.drop_all(backup.engine)
+
+
+def test_a_query_after_a_change_to_a_model_of_the_same_size_names_both(
+    backup: MySQLBackup,
+) -> None:
+    old = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
+    old.put(("u1",), "tea", {"text": "likes oolong tea"})
+    old.put(("u1",), "cat", {"text": "the cat is called Miso"})
+    new = TieredStore(backup, index={"embed": SaltedHashEmbeddings(), "fields": ["text"]})
+    try:
+        with pytest.raises(EmbeddingModelError) as refused:
+            new.search(("u1",), query="oolong tea")
+
+        assert refused.value.stored == (model_name(HashEmbeddings()),)
+        assert refused.value.model == model_name(SaltedHashEmbeddings())
+        assert "put the items again" in str(refused.value)
+        assert keys(new.search(("u1",))) == ["tea", "cat"]  # nothing is lost
+        # Put again, the items are the new model's: the query ranks them.
+        for item in new.search(("u1",)):
+            new.put(("u1",), item.key, item.value)
+        assert keys(new.search(("u1",), query="oolong tea"))[0] == "tea"
     finally:
         old.metadata.drop_all(backup.engine)
 

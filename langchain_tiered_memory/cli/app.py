@@ -180,6 +180,17 @@ def where(
     table: Annotated[
         str, typer.Option("--table", help="Base name of the archive's tables.")
     ] = "chat_messages",
+    language: Annotated[
+        str | None,
+        typer.Option(
+            "--language",
+            envvar="TIERED_MEMORY_LANGUAGE",
+            help="The tier's language, as ChromaLongMemory(language=...): it picks the "
+            "embedding model (zh: multilingual-E5 when its extra is installed). Give the "
+            "application's, so search and reindex use its model.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Where the tiers are: one store for the command, closed when it ends."""
     tolerant_output()
@@ -190,6 +201,7 @@ def where(
         chroma_port=chroma_port,
         collection=collection,
         table=table,
+        language=language or None,
     )
     ctx.obj = store
     ctx.call_on_close(store.close)
@@ -415,7 +427,7 @@ def forget(
 @app.command()
 @friendly_errors
 def reindex(ctx: typer.Context) -> None:
-    """Rebuild the Chroma collection from the archive's memory catalog (with a progress bar)."""
+    """Embed the memory catalog again with the tier's model and rebuild Chroma from it."""
     store = _store(ctx)
     store.backup()
     memory = store.long_memory(connect=True)

@@ -65,6 +65,7 @@ class Store:
         chroma_port: The server's port when ``chroma_host`` names none.
         collection: The Chroma collection.
         table: The archive's base table name.
+        language: The long-term tier's language (it picks the embedding model).
     """
 
     url: str | None = None
@@ -73,6 +74,7 @@ class Store:
     chroma_port: int = 8000
     collection: str = "longMemory"
     table: str = "chat_messages"
+    language: str | None = None
     # Per store, never copied by ``dataclasses.replace``: what to close, the archive.
     _stack: ExitStack = field(default_factory=ExitStack, init=False, repr=False)
     _backup: MySQLBackup | None = field(default=None, init=False, repr=False)
@@ -149,6 +151,7 @@ class Store:
             else {"persist_directory": self.chroma_path}
         )
         kwargs.setdefault("embedding", make_embedding())
+        kwargs.setdefault("language", self.language)
         kwargs.setdefault("start_worker", False)
         backup = self.backup()
         try:

@@ -35,6 +35,7 @@ from langchain_tiered_memory.storage.store import (
     build_store_tables,
     validate_ttl,
 )
+from langchain_tiered_memory.text.embeddings import model_name
 
 __all__ = ["InvalidFilterError", "InvalidKeyError", "TieredStore", "ValueTooLargeError"]
 
@@ -111,7 +112,7 @@ class TieredStore(Lifecycle, BaseStore):
             self.tables,
             backup.dialect,
             fields=fields,
-            embeds=self.embeddings is not None,
+            model=None if self.embeddings is None else model_name(self.embeddings),
             dense_weight=weight,
         )
         self.backup.create_all(self.metadata)

@@ -170,6 +170,9 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         # float32 bytes of the embedding: scoped dense search runs in-process,
         # since Chroma's filtered queries slow down as the collection grows.
         Column("vector", LargeBinary, nullable=True),
+        # The embedding model that made ``vector`` (``model_name``): another model's
+        # vectors are not compared with a query's. None: written by an older version.
+        Column("model", String(191), nullable=True),
         Column("source_ids", Text, nullable=False),
         Column("turn_at", _timestamp(), nullable=False),
         Column("created_at", _timestamp(), nullable=False),

@@ -73,6 +73,8 @@ from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.validation import (
     MAX_COUNT,
     MAX_NESTING,
+    PUT_AGAIN,
+    EmbeddingModelError,
     check_characters,
     nesting_depth,
 )
@@ -187,6 +189,8 @@ def build_store_tables(metadata: MetaData, name: str) -> StoreTables:
         Column("tokens", _long_text(), nullable=True),
         # JSON list of base64 float64 vectors, one per indexed text; NULL: none.
         Column("vectors", _long_text(), nullable=True),
+        # The embedding model that made ``vectors`` (``model_name``); NULL: unknown.
+        Column("model", String(191), nullable=True),
         Column("created_at", _timestamp(), nullable=False),
         Column("updated_at", _timestamp(), nullable=False),
         Column("ttl_minutes", Float, nullable=True),
@@ -474,6 +478,7 @@ class _Row:
     value: str
     tokens: str | None
     vectors: str | None
+    model: str | None
     created_at: datetime
     updated_at: datetime
     ttl_minutes: float | None
@@ -506,7 +511,8 @@ class StorePlanner:
         dialect: ``"sqlite"``, ``"mysql"`` or ``"mariadb"``.
         fields: The default paths indexed for search (LangGraph's path syntax;
             ``["$"]``: the whole value).
-        embeds: Whether puts are embedded (an ``index`` with ``embed`` was given).
+        model: The name of the embedding model (``model_name``) when puts are
+            embedded (an ``index`` with ``embed`` was given), else ``None``.
         dense_weight: Weight of vector similarity against BM25 in a query's ranking,
             in [0, 1]; 1 ranks by cosine similarity alone, as ``InMemoryStore`` does.
     """
@@ -517,13 +523,14 @@ class StorePlanner:
         dialect: str,
         *,
         fields: Sequence[str] = ("$",),
-        embeds: bool = False,
+        model: str | None = None,
         dense_weight: float = 0.6,
     ) -> None:
         self.tables = tables
         self.dialect = dialect
         self.fields = [(path, tokenize_path(path) if path != "$" else path) for path in fields]
-        self.embeds = embeds
+        self.model = model
+        self.embeds = model is not None
         self.dense_weight = dense_weight
 
     # -- prepare ------------------------------------------------------------
@@ -677,6 +684,7 @@ class StorePlanner:
             items.c.value,
             items.c.tokens,
             items.c.vectors,
+            items.c.model,
             items.c.created_at,
             items.c.updated_at,
             items.c.ttl_minutes,
@@ -742,6 +750,9 @@ class StorePlanner:
 
         dense: dict[str, float] = {}
         if query_vector is not None:
+            others = {row.model for row, _ in candidates if row.vectors and row.model}
+            if others - {self.model}:
+                raise EmbeddingModelError(sorted(others - {self.model}), str(self.model), PUT_AGAIN)
             target = np.asarray(query_vector, dtype=np.float64)
             target_norm = np.linalg.norm(target)
             for position, (row, _) in enumerate(candidates):
@@ -765,7 +776,7 @@ class StorePlanner:
                     index.add_tokens(str(position), wanted, length=len(tokens))
             lexical = dict(index.search(query, len(candidates)))
         fused = fuse(dense, lexical, dense_weight=weight) if dense or lexical else []
-        # Stable on store order among equal scores (fuse's order of ties is a set's).
+        # Equal scores in store order: fuse breaks ties by id as a string ("10" < "2").
         fused.sort(key=lambda pair: (-pair[1], int(pair[0])))
         scored = {int(doc_id) for doc_id, _ in fused}
         ranked: list[tuple[_Row, dict[str, Any], float | None]] = [
@@ -858,6 +869,7 @@ class StorePlanner:
                     "value": value,
                     "tokens": tokens,
                     "vectors": encoded,
+                    "model": self.model if encoded is not None else None,
                     "created_at": now,
                     "updated_at": now,
                     "ttl_minutes": ttl,
@@ -870,6 +882,7 @@ class StorePlanner:
             "value",
             "tokens",
             "vectors",
+            "model",
             "updated_at",
             "ttl_minutes",
             "expires_at",

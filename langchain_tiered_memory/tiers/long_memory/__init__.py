@@ -32,7 +32,11 @@ from langchain_tiered_memory.core.prompts import Prompts, memory_line
 from langchain_tiered_memory.core.validation import check_int, check_number, check_seconds
 from langchain_tiered_memory.storage.archive import MySQLBackup, default_backup, register_eraser
 from langchain_tiered_memory.storage.jobs import Job, JobQueue
-from langchain_tiered_memory.text.embeddings import default_embedding, similarity_floor
+from langchain_tiered_memory.text.embeddings import (
+    default_embedding,
+    model_name,
+    similarity_floor,
+)
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     MEMORY_CHARS,
     Catalog,
@@ -220,6 +224,7 @@ class ChromaLongMemory(ExtractionWorker):
         self._collection_name = collection_name
         self._chroma_lock = threading.Lock()
         self._repair_lock = threading.Lock()
+        self._owns_collection = vectors is None
         if vectors is None:
             self._connect(
                 host, port, own_client=client is not None or persist_directory is not None
@@ -369,6 +374,9 @@ class ChromaLongMemory(ExtractionWorker):
 
         Raises:
             InvalidSessionDateError: If ``since`` or ``until`` is not a date.
+            EmbeddingModelError: If another embedding model made some of the scope's
+                vectors (:meth:`reindex` embeds them again with this one).
+            EmbeddingDimensionError: If they are of another size than this model's.
         """
         found = self.searcher.search(
             query,
@@ -484,12 +492,34 @@ class ChromaLongMemory(ExtractionWorker):
     def reindex(self, *, progress: bool = True) -> int:
         """Rebuild the vector index (and the catalog's vectors) from the catalog.
 
-        Every memory is embedded again, with the tier's current embedding.
+        Every memory is embedded again, with the tier's current embedding: after a
+        change of model, this is what makes the memories searchable again
+        (:class:`~langchain_tiered_memory.EmbeddingModelError`). The tier's Chroma
+        collection is replaced by a new one when its vectors are of another size
+        (Chroma fixes a collection's size at its first vector).
 
         Returns:
             How many memories were written to the index.
         """
+        if self._owns_collection and self._other_size():
+            with self._repair_lock:
+                self._drop_collection()
         return self._fill_index(self.vectors.upsert, reuse_vectors=False, progress=progress)
+
+    def _other_size(self) -> bool:
+        """Whether the Chroma collection holds vectors of another size than the model's."""
+        stored = self.collection.get(limit=1, include=["embeddings"])["embeddings"]
+        if stored is None or len(stored) == 0:
+            return False
+        return len(stored[0]) != len(self.embedding.embed_query("size"))
+
+    def _drop_collection(self) -> None:
+        """Delete the Chroma collection; the next use creates it empty."""
+        try:
+            self.client.delete_collection(self._collection_name)
+        except Exception as exc:  # already gone: a new one is made all the same
+            logger.debug("deleting the collection %r failed: %s", self._collection_name, exc)
+        self._collection = None
 
     def _repair_index(self, damaged: Any) -> None:
         """Replace a damaged Chroma collection with a new one, filled from the catalog.
@@ -505,11 +535,7 @@ class ChromaLongMemory(ExtractionWorker):
                 "it); rebuilding it from the catalog",
                 self._collection_name,
             )
-            try:
-                self.client.delete_collection(self._collection_name)
-            except Exception as exc:  # already gone: a new one is made all the same
-                logger.debug("deleting the damaged collection failed: %s", exc)
-            self._collection = None
+            self._drop_collection()
 
             # The new collection without a repair hook: a second failure is raised.
             fresh = ChromaVectorIndex(lambda: self.collection)
@@ -546,8 +572,11 @@ class ChromaLongMemory(ExtractionWorker):
                     [row_metadata(row) for row in rows],
                 )
                 if missing:
-                    self.backup.run(catalog.vectors_plan(missing, embedded))
+                    self.backup.run(
+                        catalog.vectors_plan(missing, embedded, model_name(self.embedding))
+                    )
                 after = rows[-1].seq
                 done += len(rows)
                 bar.update(len(rows))
+        self.searcher.clear()  # its cached scopes hold the old vectors
         return done

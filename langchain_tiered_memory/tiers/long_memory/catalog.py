@@ -109,6 +109,8 @@ class Memory:
     context: str | None = None
     context_ids: list[int] = field(default_factory=list)
     vector: list[float] = field(default_factory=list)
+    #: The embedding model that made ``vector`` (``model_name``).
+    model: str | None = None
     #: The archive ids of the turn (``source_ids`` may gain merged turns).
     turn_ids: list[int] = field(default_factory=list)
     #: Content hashes of the raw memories of the turn's earlier ends.
@@ -277,6 +279,7 @@ class Catalog:
                 context=memory.context,
                 context_ids=None if memory.context is None else json.dumps(memory.context_ids),
                 vector=to_bytes(memory.vector),
+                model=memory.model,
                 kind=memory.kind,
                 source_ids=json.dumps(memory.source_ids),
                 turn_at=memory.turn_at,
@@ -433,8 +436,14 @@ class Catalog:
         result = yield select(self.table).where(c.seq > after).order_by(c.seq).limit(size)
         return result.all()
 
-    def vectors_plan(self, rows: Sequence[Any], vectors: Sequence[Sequence[float]]) -> Plan[None]:
-        """Store the vectors of rows."""
+    def vectors_plan(
+        self, rows: Sequence[Any], vectors: Sequence[Sequence[float]], model: str
+    ) -> Plan[None]:
+        """Store the vectors of rows, made by the embedding model named ``model``."""
         c = self.table.c
         for row, vector in zip(rows, vectors, strict=True):
-            yield update(self.table).where(c.id == row.id).values(vector=to_bytes(vector))
+            yield (
+                update(self.table)
+                .where(c.id == row.id)
+                .values(vector=to_bytes(vector), model=model)
+            )

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -27,9 +27,14 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tiered_memory.core.validation import check_int, time_window, validate_id
+from langchain_tiered_memory.core.validation import (
+    EmbeddingModelError,
+    check_int,
+    time_window,
+    validate_id,
+)
 from langchain_tiered_memory.storage.base import Plan
-from langchain_tiered_memory.text.embeddings import knows, similarity_floor
+from langchain_tiered_memory.text.embeddings import knows, model_name, similarity_floor
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.text.similarity import similarities, unit_rows
 from langchain_tiered_memory.tiers.long_memory.catalog import (
@@ -78,6 +83,9 @@ class ScopeIndex:
     vectors: list[bytes | None] = field(default_factory=list)
     _matrix: Any = None
     position: dict[str, int] = field(default_factory=dict)
+    #: How many of the rows each embedding model embedded (rows of unknown model
+    #: not counted).
+    models: Counter[str] = field(default_factory=Counter)
 
     def add(self, rows: Sequence[Any]) -> None:
         """Index rows; a row already indexed (a turn that grew) replaces its old version."""
@@ -91,9 +99,18 @@ class ScopeIndex:
             else:
                 self.bm25.remove(row.id, shown(old))
                 self.vectors[self.position[row.id]] = vector
+                if old.model is not None:
+                    self.models[old.model] -= 1
             self.bm25.add(row.id, shown(row))
             self.rows[row.id] = row
+            if row.model is not None:
+                self.models[row.model] += 1
+        self.models = +self.models  # drops the models no row has any more
         self._matrix = None
+
+    def other_models(self, model: str) -> list[str]:
+        """The models other than ``model`` that embedded some of the rows."""
+        return sorted(name for name in self.models if name != model)
 
     def matrix(self) -> Any:
         """The scope's unit vectors as a float32 matrix; ``None`` if any is missing."""
@@ -280,15 +297,17 @@ class MemorySearch:
         check_int("k", k)
         window = TimeWindow.of(since, until)
         resolved = self.resolve(scope, session_id, user_id)
+        if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
+            dense_weight = 0.0  # a model that knows no Chinese would only add noise
         index = self.scope_index(resolved)
+        if dense_weight:
+            index = self.same_model(resolved, index, model_name(embedding))
         allowed: set[str] | None = None
         if window.bounded:  # the cached rows hold turn_at: filtered in process
             allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
         if not index.rows or allowed == set():
             return []
         pool = max(6 * k, 60)
-        if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
-            dense_weight = 0.0  # a model that knows no Chinese would only add noise
         dense: dict[str, float] = {}
         if allowed is None:
             lexical = dict(index.bm25.search(query, pool))
@@ -322,6 +341,22 @@ class MemorySearch:
             )
             ordered = updates_first(ordered, heads)
         return ordered[:k]
+
+    def same_model(self, resolved: ResolvedScope, index: ScopeIndex, model: str) -> ScopeIndex:
+        """``index``, checked to hold no vectors of another model than ``model``.
+
+        Raises:
+            EmbeddingModelError: Another model embedded some of the scope's memories.
+        """
+        if not index.other_models(model):
+            return index
+        # A scope cached before a reindex (in another process) holds the old names.
+        with self._lock:
+            self._scopes.pop(resolved.key, None)
+        index = self.scope_index(resolved)
+        if others := index.other_models(model):
+            raise EmbeddingModelError(others, model)
+        return index
 
     def dense(
         self,

@@ -42,6 +42,7 @@ from langchain_tiered_memory.storage.jobs import (
     backoff,
     call_with_timeout,
 )
+from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.extraction import (
     extraction_prompt,
     format_turn,
@@ -524,8 +525,10 @@ class ExtractionWorker(QueueWorker):
             # that batches texts in the order given pads each batch less.
             by_length = sorted(writes, key=lambda m: -len(m.text))
             vectors = self.embedding.embed_documents([m.text for m in by_length])
+            model = model_name(self.embedding)
             for memory, vector in zip(by_length, vectors, strict=True):
                 memory.vector = vector
+                memory.model = model
             self.vectors.upsert(
                 [m.id for m in writes],
                 [m.vector for m in writes],
