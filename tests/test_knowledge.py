@@ -17,11 +17,12 @@ import pytest
 from langchain_core.retrievers import BaseRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from langchain_tiered_memory import KnowledgeBase, MySQLBackup
+from langchain_tiered_memory import EmbeddingModelError, KnowledgeBase, MySQLBackup
 from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
+from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
-from .fakes import HashEmbeddings
+from .fakes import HashEmbeddings, SaltedHashEmbeddings
 
 MakeKB = Callable[..., KnowledgeBase]
 
@@ -183,6 +184,32 @@ def test_add_texts_splits_and_retrieves_the_right_chunk(make_kb: MakeKB) -> None
     assert top.metadata["source"] == "ar"
     assert 0 < top.metadata["score"] <= 1
     assert top.id in ids
+
+
+def test_chunks_of_another_embedding_model_are_refused_until_added_again(
+    make_kb: MakeKB, chroma_client: Any
+) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    kb.add_texts([AR_DOC], [{"source": "ar"}])
+    assert "embedding_model" not in kb.search("reminder email", k=1)[0].metadata
+    # The same collection with another model of the same size (as a knowledge base
+    # sharing a Chinese tier's model gets once the multilingual extra is installed).
+    moved = KnowledgeBase(
+        client=chroma_client,
+        collection_name=kb.collection.name,
+        embedding=SaltedHashEmbeddings(),
+        chunk_size=120,
+        chunk_overlap=0,
+    )
+
+    with pytest.raises(EmbeddingModelError) as refused:
+        moved.search("which day is the reminder email sent", k=2)
+
+    assert refused.value.stored == (model_name(HashEmbeddings()),)
+    assert "add the files or texts again" in str(refused.value)
+    moved.add_texts([AR_DOC], [{"source": "ar"}])  # the source's chunks, replaced
+    top = moved.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
 
 
 def test_adding_the_same_texts_again_does_not_duplicate(make_kb: MakeKB) -> None:

@@ -24,7 +24,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory.core.extras import import_extra
-from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.core.validation import EmbeddingModelError, check_int
+from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.long_memory import (
     PAGE,
     ChromaLongMemory,
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
 CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 UPSERT_BATCH = 512
+#: The chunk metadata naming the embedding model of its vector (``model_name``);
+#: kept out of the metadata ``search`` returns.
+MODEL_KEY = "embedding_model"
+#: How a knowledge base's chunks are embedded again.
+ADD_AGAIN = "add the files or texts again"
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -194,13 +200,14 @@ class KnowledgeBase:
     # -- writing -----------------------------------------------------------------
 
     def _upsert(self, ids: list[str], chunks: list[str], metadatas: list[dict[str, Any]]) -> None:
+        model = model_name(self.embedding)
         for start in range(0, len(ids), UPSERT_BATCH):
             end = start + UPSERT_BATCH
             self.collection.upsert(
                 ids=ids[start:end],
                 embeddings=self.embedding.embed_documents(chunks[start:end]),
                 documents=chunks[start:end],
-                metadatas=metadatas[start:end],
+                metadatas=[{**m, MODEL_KEY: model} for m in metadatas[start:end]],
             )
 
     def add_texts(
@@ -355,16 +362,22 @@ class KnowledgeBase:
             where=where,
             include=["documents", "metadatas", "distances"],
         )
+        metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
+        model = model_name(self.embedding)
+        # A chunk of no recorded model was stored by an earlier version: compared as is.
+        others = {m.pop(MODEL_KEY, None) for m in metadatas} - {model, None}
+        if others:
+            raise EmbeddingModelError([str(name) for name in others], model, ADD_AGAIN)
         return [
             Document(
                 page_content=text,
                 id=chunk_id,
-                metadata={**(metadata or {}), "score": 1.0 - distance},
+                metadata={**metadata, "score": 1.0 - distance},
             )
             for chunk_id, text, metadata, distance in zip(
                 found["ids"][0],
                 found["documents"][0],
-                found["metadatas"][0],
+                metadatas,
                 found["distances"][0],
                 strict=True,
             )
@@ -384,6 +397,10 @@ class KnowledgeBase:
 
         Returns:
             Documents with the chunk's metadata and ``score`` (cosine similarity).
+
+        Raises:
+            EmbeddingModelError: If another embedding model made a chunk found (the
+                chunks are embedded again when their files or texts are added again).
         """
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
