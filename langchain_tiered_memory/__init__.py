@@ -5,7 +5,7 @@ no model is loaded until a class is used.
 """
 
 from langchain_tiered_memory.core.extras import MissingExtraError, import_extra
-from langchain_tiered_memory.core.validation import EmbeddingDimensionError, EmbeddingModelError
+from langchain_tiered_memory.core.validation import EmbeddingDimensionError
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
@@ -54,7 +54,6 @@ __all__ = [
     "ContextCompressor",
     "ContextOverflowError",
     "EmbeddingDimensionError",
-    "EmbeddingModelError",
     "FinishReasonHandler",
     "ForgetIncompleteError",
     "KnowledgeBase",

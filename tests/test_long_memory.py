@@ -911,6 +911,20 @@ class DamagedCollection:
         return fail
 
 
+def test_reindex_of_a_damaged_chroma_collection_rebuilds_it(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # The operator's remedy for a broken index: `tiered-memory reindex`.
+    memory = make_memory()
+    _three_sessions(memory, backup)
+    ids = sorted(memory.collection.get(include=[])["ids"])
+    memory.collection = DamagedCollection(memory.collection.name)
+
+    assert memory.reindex(progress=False) == 6
+
+    assert sorted(memory.collection.get(include=[])["ids"]) == ids
+
+
 @pytest.mark.parametrize("first", ["search", "write", "forget"])
 def test_a_damaged_chroma_collection_is_rebuilt_from_the_catalog(
     make_memory: MakeMemory, backup: MySQLBackup, first: str, caplog: pytest.LogCaptureFixture

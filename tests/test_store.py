@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,6 @@ from sqlalchemy import select
 
 from langchain_tiered_memory import (
     EmbeddingDimensionError,
-    EmbeddingModelError,
     MySQLBackup,
     TieredStore,
 )
@@ -113,27 +113,44 @@ def test_a_query_after_a_change_of_model_size_names_both_sizes(backup: MySQLBack
         old.metadata.drop_all(backup.engine)
 
 
-def test_a_query_after_a_change_to_a_model_of_the_same_size_names_both(
-    backup: MySQLBackup,
+def test_items_of_another_model_of_the_same_size_are_ranked_by_their_words(
+    backup: MySQLBackup, caplog: pytest.LogCaptureFixture
 ) -> None:
     old = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
-    old.put(("u1",), "tea", {"text": "likes oolong tea"})
-    old.put(("u1",), "cat", {"text": "the cat is called Miso"})
+    for key, text in [("tea", "likes oolong tea"), ("cat", "the cat is called Miso")]:
+        old.put(("u1",), key, {"text": text})
     new = TieredStore(backup, index={"embed": SaltedHashEmbeddings(), "fields": ["text"]})
+    words = TieredStore(backup, index={"embed": SaltedHashEmbeddings(), "fields": ["text"]})
+    words.planner.dense_weight = 0.0  # BM25 alone
     try:
-        with pytest.raises(EmbeddingModelError) as refused:
-            new.search(("u1",), query="oolong tea")
-
-        assert refused.value.stored == (model_name(HashEmbeddings()),)
-        assert refused.value.model == model_name(SaltedHashEmbeddings())
-        assert "put the items again" in str(refused.value)
-        assert keys(new.search(("u1",))) == ["tea", "cat"]  # nothing is lost
-        # Put again, the items are the new model's: the query ranks them.
+        with caplog.at_level(logging.WARNING):
+            hits = new.search(("u1",), query="oolong tea")
+        lexical = words.search(("u1",), query="oolong tea")
+        assert [(h.key, h.score) for h in hits] == [(h.key, h.score) for h in lexical]
+        assert f"2 vectors of the store's items were made by {model_name(HashEmbeddings())!r}" in (
+            caplog.text
+        )
+        assert "put them again" in caplog.text
+        # Put again, the items are the new model's: the query compares vectors.
         for item in new.search(("u1",)):
             new.put(("u1",), item.key, item.value)
-        assert keys(new.search(("u1",), query="oolong tea"))[0] == "tea"
+        hits = new.search(("u1",), query="oolong tea")
+        assert hits[0].key == "tea"
+        assert [h.score for h in hits] != [h.score for h in lexical]
     finally:
         old.metadata.drop_all(backup.engine)
+
+
+def test_a_store_names_the_model_it_embeds_with_now(backup: MySQLBackup) -> None:
+    store = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
+    try:
+        store.embeddings = SaltedHashEmbeddings()  # replaced after construction
+        store.put(("u1",), "tea", {"text": "likes oolong tea"})
+        with backup.engine.connect() as connection:
+            stored = connection.execute(select(store.tables.items.c.model)).scalars().all()
+        assert stored == [model_name(SaltedHashEmbeddings())]
+    finally:
+        store.metadata.drop_all(backup.engine)
 
 
 def test_a_query_respects_the_filter_and_the_page(store: TieredStore) -> None:

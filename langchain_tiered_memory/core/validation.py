@@ -169,43 +169,6 @@ class EmbeddingDimensionError(ValueError):
         super().__init__(msg)
 
 
-#: How a ``ChromaLongMemory``'s memories are embedded again.
-REINDEX = "call reindex() (CLI: tiered-memory reindex)"
-#: How a ``TieredStore``'s items are embedded again.
-PUT_AGAIN = "put the items again"
-
-
-class EmbeddingModelError(ValueError):
-    """Stored vectors were made by another embedding model than the search's.
-
-    Two models' vectors cannot be compared even when their sizes agree (MiniLM
-    and multilingual-E5 are both 384-d): the dense ranking would be noise.
-    Raised by a search whose scope holds such vectors, e.g. after the tier's
-    language picked E5 for memories MiniLM embedded; ``reindex()`` embeds them
-    again with the tier's model.
-
-    Args:
-        stored: The names of the models that embedded the other vectors.
-        model: The name of the search's embedding model.
-        remedy: How to embed the stored texts again with ``model``.
-
-    Attributes:
-        stored: The names of the models that embedded the other vectors.
-        model: The name of the search's embedding model.
-    """
-
-    def __init__(self, stored: Sequence[str], model: str, remedy: str = REINDEX) -> None:
-        self.stored = tuple(sorted(set(stored)))
-        self.model = model
-        names = " and ".join(map(repr, self.stored))
-        msg = (
-            f"the stored vectors were made by {names}, not by the search's embedding "
-            f"model {model!r}: they cannot be compared. Search with that model, or "
-            f"{remedy} to embed them again with this one"
-        )
-        super().__init__(msg)
-
-
 def parse_session_date(value: Any) -> datetime:
     """A session date as the naive UTC ``datetime`` the archive stores.
 

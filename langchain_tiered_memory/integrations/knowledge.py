@@ -10,6 +10,7 @@ them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,8 +25,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory.core.extras import import_extra
-from langchain_tiered_memory.core.validation import EmbeddingModelError, check_int
-from langchain_tiered_memory.text.embeddings import model_name
+from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.text.embeddings import model_name, other_model_message
 from langchain_tiered_memory.tiers.long_memory import (
     PAGE,
     ChromaLongMemory,
@@ -41,12 +42,13 @@ if TYPE_CHECKING:
 #: regexes, so the punctuation stays at the end of its sentence.
 CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+logger = logging.getLogger(__name__)
 UPSERT_BATCH = 512
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
 #: How a knowledge base's chunks are embedded again.
-ADD_AGAIN = "add the files or texts again"
+ADD_AGAIN = "add their files or texts again"
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -144,6 +146,7 @@ class KnowledgeBase:
 
             embedding = MiniLMEmbeddings()
         self.embedding = embedding
+        self._warned: set[str] = set()  # the other models a warning named
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         splitter_class = splitters.RecursiveCharacterTextSplitter
@@ -365,22 +368,27 @@ class KnowledgeBase:
         metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
         model = model_name(self.embedding)
         # A chunk of no recorded model was stored by an earlier version: compared as is.
-        others = {m.pop(MODEL_KEY, None) for m in metadatas} - {model, None}
-        if others:
-            raise EmbeddingModelError([str(name) for name in others], model, ADD_AGAIN)
+        made = [m.pop(MODEL_KEY, None) for m in metadatas]
+        foreign = [name for name in made if name not in (model, None)]
+        if set(foreign) - self._warned:  # their similarity is noise: left out, said once
+            self._warned |= set(foreign)
+            base = f"the knowledge base {self.collection.name!r}"
+            logger.warning(other_model_message(len(foreign), base, set(foreign), model, ADD_AGAIN))
         return [
             Document(
                 page_content=text,
                 id=chunk_id,
                 metadata={**metadata, "score": 1.0 - distance},
             )
-            for chunk_id, text, metadata, distance in zip(
+            for chunk_id, text, metadata, distance, name in zip(
                 found["ids"][0],
                 found["documents"][0],
                 metadatas,
                 found["distances"][0],
+                made,
                 strict=True,
             )
+            if name in (model, None)
         ]
 
     @staticmethod
@@ -398,9 +406,8 @@ class KnowledgeBase:
         Returns:
             Documents with the chunk's metadata and ``score`` (cosine similarity).
 
-        Raises:
-            EmbeddingModelError: If another embedding model made a chunk found (the
-                chunks are embedded again when their files or texts are added again).
+        Chunks another embedding model made are left out (their similarity
+        is noise), with a warning, until their files or texts are added again.
         """
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"

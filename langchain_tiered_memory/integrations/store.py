@@ -120,9 +120,14 @@ class TieredStore(Lifecycle, BaseStore):
     def __repr__(self) -> str:
         return f"TieredStore({self.backup!r})"
 
+    def _prepare(self, ops: Iterable[Op]) -> PreparedBatch:
+        # Named at each batch: ``embeddings`` may have been replaced since.
+        self.planner.model = None if self.embeddings is None else model_name(self.embeddings)
+        return self.planner.prepare(ops)
+
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run LangGraph store ops in one transaction; results in the order of ``ops``."""
-        batch = self.planner.prepare(ops)
+        batch = self._prepare(ops)
         vectors: dict[str, Sequence[float]] = {}
         queries: dict[str, Sequence[float]] = {}
         if self.embeddings is not None:
@@ -137,7 +142,7 @@ class TieredStore(Lifecycle, BaseStore):
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Async :meth:`batch`."""
-        batch = self.planner.prepare(ops)
+        batch = self._prepare(ops)
         vectors: dict[str, Sequence[float]] = {}
         queries: dict[str, Sequence[float]] = {}
         if self.embeddings is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -73,16 +74,18 @@ from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.validation import (
     MAX_COUNT,
     MAX_NESTING,
-    PUT_AGAIN,
-    EmbeddingModelError,
     check_characters,
     nesting_depth,
 )
 from langchain_tiered_memory.storage.base import MAX_PACKET_BYTES, Plan, utcnow
+from langchain_tiered_memory.text.embeddings import other_model_message
 from langchain_tiered_memory.text.lexical import BM25Index, fuse, tokenize
 from langchain_tiered_memory.text.similarity import similarities
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+#: How the store's items of another model are embedded again.
+PUT_AGAIN = "put them again"
 
 #: Longest namespace, as its labels joined by dots (an indexed column on MySQL).
 MAX_NAMESPACE_CHARS = 500
@@ -530,8 +533,13 @@ class StorePlanner:
         self.dialect = dialect
         self.fields = [(path, tokenize_path(path) if path != "$" else path) for path in fields]
         self.model = model
-        self.embeds = model is not None
+        self._warned: set[str | None] = set()
         self.dense_weight = dense_weight
+
+    @property
+    def embeds(self) -> bool:
+        """Whether puts are embedded."""
+        return self.model is not None
 
     # -- prepare ------------------------------------------------------------
 
@@ -733,6 +741,13 @@ class StorePlanner:
         page = ranked[op.offset : op.offset + op.limit]
         return [(row.search_item(value, score), row) for row, value, score in page]
 
+    def warn_foreign(self, count: int, others: set[str | None]) -> None:
+        """Say once per model that items of other models are searched by their words."""
+        if others - self._warned:
+            self._warned |= others
+            where = "the store's items"
+            logger.warning(other_model_message(count, where, others, str(self.model), PUT_AGAIN))
+
     def rank(
         self,
         query: str,
@@ -750,13 +765,17 @@ class StorePlanner:
 
         dense: dict[str, float] = {}
         if query_vector is not None:
-            others = {row.model for row, _ in candidates if row.vectors and row.model}
-            if others - {self.model}:
-                raise EmbeddingModelError(sorted(others - {self.model}), str(self.model), PUT_AGAIN)
+            foreign = {
+                position
+                for position, (row, _) in enumerate(candidates)
+                if row.vectors and row.model not in (None, self.model)
+            }
+            if foreign:  # searched by their words alone
+                self.warn_foreign(len(foreign), {candidates[p][0].model for p in foreign})
             target = np.asarray(query_vector, dtype=np.float64)
             target_norm = np.linalg.norm(target)
             for position, (row, _) in enumerate(candidates):
-                if not row.vectors:
+                if not row.vectors or position in foreign:
                     continue
                 matrix = np.stack([_decode_vector(v) for v in json.loads(row.vectors)])
                 norms = np.linalg.norm(matrix, axis=1)

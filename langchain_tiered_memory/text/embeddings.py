@@ -15,11 +15,12 @@ the languages they know and the cosine below which a hit is noise for them.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
@@ -100,23 +101,58 @@ def similarity_floor(embedding: Embeddings) -> float:
 
 
 #: Attributes a LangChain ``Embeddings`` names its model by (HuggingFace,
-#: OpenAI and Ollama, and others' spellings).
-MODEL_ATTRIBUTES = ("model_name", "model", "model_id", "deployment")
+#: OpenAI and Ollama spell them so).
+MODEL_ATTRIBUTES = ("model_name", "model", "model_id")
+#: On Azure the deployment names the model (``model`` keeps its default).
+AZURE_ATTRIBUTES = ("azure_deployment", "deployment")
+#: The longest model name the catalog keeps (MySQL's indexable VARCHAR(191)).
+MODEL_NAME_CHARS = 191
 
 
 def model_name(embedding: Embeddings) -> str:
     """The name of the model behind ``embedding``, as the catalog records it.
 
-    Its ``model_name`` (or ``model``, ``model_id``, ``deployment``) when it names
-    one, else its class's dotted path. Vectors of two names are not compared
-    (:class:`~langchain_tiered_memory.EmbeddingModelError`).
+    Its ``model_name`` (or ``model``, ``model_id``; on Azure its deployment) when
+    it names one, else its class's (or a LangGraph embedding function's) dotted
+    path, with OpenAI's ``dimensions`` when set; a cache is named by the model it
+    wraps. Vectors of two names are not compared
+    (:func:`other_model_message`); a name longer than :data:`MODEL_NAME_CHARS`
+    keeps its start and a digest of the rest.
     """
-    for attribute in MODEL_ATTRIBUTES:
+    inner = getattr(embedding, "underlying_embeddings", None)  # CacheBackedEmbeddings
+    if isinstance(inner, Embeddings):
+        return model_name(inner)
+    name = ""
+    azure = type(embedding).__name__.startswith("Azure")
+    for attribute in (AZURE_ATTRIBUTES if azure else ()) + MODEL_ATTRIBUTES:
         value = getattr(embedding, attribute, None)
         if isinstance(value, str) and value:
-            return value
-    kind = type(embedding)
-    return f"{kind.__module__}.{kind.__qualname__}"
+            name = value
+            break
+    function = getattr(embedding, "func", None)  # LangGraph's EmbeddingsLambda
+    if not name and callable(function):
+        name = f"{function.__module__}.{function.__qualname__}"
+    if not name:
+        kind = type(embedding)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+    dimensions = getattr(embedding, "dimensions", None)  # OpenAI's shortened vectors
+    if isinstance(dimensions, int) and not isinstance(dimensions, bool):
+        name = f"{name}:{dimensions}"
+    if len(name) > MODEL_NAME_CHARS:  # the column's size
+        name = name[: MODEL_NAME_CHARS - 41] + "#" + hashlib.sha1(name.encode()).hexdigest()
+    return name
+
+
+def other_model_message(
+    count: int, where: str, others: Iterable[str | None], model: str, remedy: str
+) -> str:
+    """The warning for vectors another model made: searched by their words alone."""
+    names = ", ".join(sorted(repr(name or "an earlier, unrecorded model") for name in others))
+    return (
+        f"{count} vectors of {where} were made by {names}, not by {model!r}: they cannot "
+        f"be compared with its queries and are searched by their words alone until you "
+        f"{remedy}"
+    )
 
 
 #: Loaded models by (class, settings): every instance of a process shares one.

@@ -49,6 +49,7 @@ from langchain_tiered_memory.tiers.long_memory.chroma import (
     PAGE,
     chroma_locator,
     erase_from_record,
+    is_damaged,
     make_chroma_client,
     refused_name,
 )
@@ -372,10 +373,12 @@ class ChromaLongMemory(ExtractionWorker):
             context, whose archive ids are ``context_ids``): what was searched is
             what is shown.
 
+        Memories another embedding model embedded are searched by their words
+        alone (their vectors would rank by noise), with a warning, until
+        :meth:`reindex` embeds them again.
+
         Raises:
             InvalidSessionDateError: If ``since`` or ``until`` is not a date.
-            EmbeddingModelError: If another embedding model made some of the scope's
-                vectors (:meth:`reindex` embeds them again with this one).
             EmbeddingDimensionError: If they are of another size than this model's.
         """
         found = self.searcher.search(
@@ -494,7 +497,7 @@ class ChromaLongMemory(ExtractionWorker):
 
         Every memory is embedded again, with the tier's current embedding: after a
         change of model, this is what makes the memories searchable again
-        (:class:`~langchain_tiered_memory.EmbeddingModelError`). The tier's Chroma
+        (until then they are searched by their words alone). The tier's Chroma
         collection is replaced by a new one when its vectors are of another size
         (Chroma fixes a collection's size at its first vector).
 
@@ -508,7 +511,12 @@ class ChromaLongMemory(ExtractionWorker):
 
     def _other_size(self) -> bool:
         """Whether the Chroma collection holds vectors of another size than the model's."""
-        stored = self.collection.get(limit=1, include=["embeddings"])["embeddings"]
+        try:
+            stored = self.collection.get(limit=1, include=["embeddings"])["embeddings"]
+        except Exception as exc:
+            if not is_damaged(exc):
+                raise
+            return True  # damaged: replaced all the same
         if stored is None or len(stored) == 0:
             return False
         return len(stored[0]) != len(self.embedding.embed_query("size"))

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,14 +28,14 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
-from langchain_tiered_memory.core.validation import (
-    EmbeddingModelError,
-    check_int,
-    time_window,
-    validate_id,
-)
+from langchain_tiered_memory.core.validation import check_int, time_window, validate_id
 from langchain_tiered_memory.storage.base import Plan
-from langchain_tiered_memory.text.embeddings import knows, model_name, similarity_floor
+from langchain_tiered_memory.text.embeddings import (
+    knows,
+    model_name,
+    other_model_message,
+    similarity_floor,
+)
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.text.similarity import similarities, unit_rows
 from langchain_tiered_memory.tiers.long_memory.catalog import (
@@ -56,6 +57,13 @@ Scope = Literal["session", "user"]
 EXACT_LIMIT = 20_000
 #: Scope indexes kept in process (least recently searched dropped first).
 CACHED_SCOPES = 64
+#: Seconds after which a cached scope holding another model's rows is read again
+#: (a reindex in another process updates rows in place, unseen by the version).
+FOREIGN_RECHECK = 60.0
+#: How the memories of another model are embedded again.
+REINDEX = "call reindex() (CLI: tiered-memory --language <the tier's language> reindex)"
+#: The cosine above which a stored vector is what the model makes of its text.
+SAME_MODEL = 0.99
 #: Word overlap (Jaccard, numbers masked) from which two results count as near-duplicates.
 NEAR_DUPLICATE = 0.6
 #: How many of the best results are compared for near-duplicates (pairwise).
@@ -83,9 +91,15 @@ class ScopeIndex:
     vectors: list[bytes | None] = field(default_factory=list)
     _matrix: Any = None
     position: dict[str, int] = field(default_factory=dict)
-    #: How many of the rows each embedding model embedded (rows of unknown model
-    #: not counted).
-    models: Counter[str] = field(default_factory=Counter)
+    #: How many of the rows each embedding model embedded (``None``: written
+    #: before the catalog recorded models).
+    models: Counter[str | None] = field(default_factory=Counter)
+    #: By the search's model: the rows another model embedded (see ``foreign``).
+    foreign: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: By the search's model: whether it made the rows of no recorded model.
+    legacy: dict[str, bool] = field(default_factory=dict)
+    #: When the rows were read (a scope holding foreign rows is read again).
+    loaded: float = field(default_factory=time.monotonic)
 
     def add(self, rows: Sequence[Any]) -> None:
         """Index rows; a row already indexed (a turn that grew) replaces its old version."""
@@ -99,18 +113,17 @@ class ScopeIndex:
             else:
                 self.bm25.remove(row.id, shown(old))
                 self.vectors[self.position[row.id]] = vector
-                if old.model is not None:
-                    self.models[old.model] -= 1
+                self.models[old.model] -= 1
             self.bm25.add(row.id, shown(row))
             self.rows[row.id] = row
-            if row.model is not None:
-                self.models[row.model] += 1
+            self.models[row.model] += 1
         self.models = +self.models  # drops the models no row has any more
+        self.foreign = {}
         self._matrix = None
 
     def other_models(self, model: str) -> list[str]:
-        """The models other than ``model`` that embedded some of the rows."""
-        return sorted(name for name in self.models if name != model)
+        """The named models other than ``model`` that embedded some of the rows."""
+        return sorted(name for name in self.models if name is not None and name != model)
 
     def matrix(self) -> Any:
         """The scope's unit vectors as a float32 matrix; ``None`` if any is missing."""
@@ -215,6 +228,7 @@ class MemorySearch:
         self.exact_limit = exact_limit
         self._scopes: OrderedDict[tuple[str, str], ScopeIndex] = OrderedDict()
         self._lock = threading.Lock()
+        self._warned: set[tuple[tuple[str, str], str]] = set()
 
     def clear(self) -> None:
         """Drop every cached scope index."""
@@ -300,8 +314,9 @@ class MemorySearch:
         if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
             dense_weight = 0.0  # a model that knows no Chinese would only add noise
         index = self.scope_index(resolved)
+        foreign: frozenset[str] = frozenset()
         if dense_weight:
-            index = self.same_model(resolved, index, model_name(embedding))
+            index, foreign = self.foreign_rows(resolved, index, embedding)
         allowed: set[str] | None = None
         if window.bounded:  # the cached rows hold turn_at: filtered in process
             allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
@@ -316,7 +331,7 @@ class MemorySearch:
             lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
         if dense_weight:
             vector = query_vector(embedding, query)
-            dense = self.dense(index, resolved, vector, pool, lexical, allowed)
+            dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
         # A few more than k: a correction ranked just below the value it corrects
         # moves up (see newer_first).
         ranked = fuse(dense, lexical, dense_weight=dense_weight, floor=similarity_floor(embedding))[
@@ -342,21 +357,56 @@ class MemorySearch:
             ordered = updates_first(ordered, heads)
         return ordered[:k]
 
-    def same_model(self, resolved: ResolvedScope, index: ScopeIndex, model: str) -> ScopeIndex:
-        """``index``, checked to hold no vectors of another model than ``model``.
+    def foreign_rows(
+        self, resolved: ResolvedScope, index: ScopeIndex, embedding: Embeddings
+    ) -> tuple[ScopeIndex, frozenset[str]]:
+        """The scope's index, and the ids of its rows another model embedded.
 
-        Raises:
-            EmbeddingModelError: Another model embedded some of the scope's memories.
+        Their vectors cannot be compared with the query's (two models of one size
+        would rank by noise): they are searched by their words alone until
+        ``reindex()`` embeds them again, and a warning says so once per scope. A
+        row written before the catalog recorded models counts as this model's if
+        the newest such row's vector is what this model makes of its text.
         """
-        if not index.other_models(model):
-            return index
-        # A scope cached before a reindex (in another process) holds the old names.
-        with self._lock:
-            self._scopes.pop(resolved.key, None)
-        index = self.scope_index(resolved)
-        if others := index.other_models(model):
-            raise EmbeddingModelError(others, model)
-        return index
+        model = model_name(embedding)
+        if model in index.foreign and not (
+            index.foreign[model] and time.monotonic() - index.loaded > FOREIGN_RECHECK
+        ):
+            return index, index.foreign[model]
+        if index.foreign.get(model):  # a reindex elsewhere may have moved them since
+            with self._lock:
+                self._scopes.pop(resolved.key, None)
+            index = self.scope_index(resolved)
+        others: set[str | None] = set(index.other_models(model))
+        if index.models[None]:
+            if model not in index.legacy:
+                index.legacy[model] = self.made_by(index, resolved, embedding)
+            if not index.legacy[model]:
+                others.add(None)
+        found = frozenset(i for i, row in index.rows.items() if row.model in others)
+        index.foreign[model] = found
+        if found and (resolved.key, model) not in self._warned:
+            self._warned.add((resolved.key, model))
+            where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
+            logger.warning(other_model_message(len(found), where, others, model, REINDEX))
+        return index, found
+
+    def made_by(self, index: ScopeIndex, resolved: ResolvedScope, embedding: Embeddings) -> bool:
+        """Whether ``embedding`` made the newest unrecorded row's vector (one embedding)."""
+        newest = max(
+            (row for row in index.rows.values() if row.model is None), key=lambda row: row.seq
+        )
+        rows = self.catalog.backup.run(
+            resolved.fresh_plan(self.catalog, [newest.id]), read_only=True
+        )
+        row = rows.get(newest.id)
+        if row is None or row.vector is None:
+            return True  # nothing stored to compare: nothing to mislead the ranking
+        stored = from_bytes(row.vector)
+        made = embedding.embed_documents([row.text])[0]
+        if len(made) != len(stored):
+            return False
+        return float(similarities(unit_rows([stored]), unit_rows([made])[0])[0]) > SAME_MODEL
 
     def dense(
         self,
@@ -366,16 +416,28 @@ class MemorySearch:
         pool: int,
         lexical: dict[str, float],
         allowed: set[str] | None = None,
+        foreign: frozenset[str] = frozenset(),
     ) -> dict[str, float]:
         """Cosine similarity of the best ``pool`` memories and of every lexical hit.
 
-        With ``allowed`` (a time window), only those memories are candidates.
+        With ``allowed`` (a time window), only those memories are candidates;
+        ``foreign`` memories (another model's vectors) never are.
 
         Exact, in process, for a scope within ``exact_limit`` whose vectors are all
         in the catalog; otherwise the vector index's nearest, kept only if they are
         the scope's own, plus the lexical hits' similarities from their catalog vectors.
         """
-        matrix = index.matrix() if index.exact else None
+        matrix = index.matrix() if index.exact and not foreign else None
+        if foreign and index.exact:  # this model's vectors only, from the cache
+            kept: list[tuple[str, bytes]] = []
+            for i in index.ids:
+                stored = index.vectors[index.position[i]]
+                if stored is not None and i not in foreign and (allowed is None or i in allowed):
+                    kept.append((i, stored))
+            if not kept:
+                return {}
+            sims = similarities(unit_rows([from_bytes(v) for _, v in kept]), unit_rows([vector])[0])
+            return {i: float(sim) for (i, _), sim in zip(kept, sims, strict=True)}
         if matrix is not None:
             import numpy as np
 
@@ -402,19 +464,27 @@ class MemorySearch:
             logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
             hits = []
         scoped = index.rows if allowed is None else allowed
-        dense = {doc_id: score for doc_id, score in hits if doc_id in scoped}
-        missing = [i for i in lexical if i not in dense]
-        if missing:
-            rows = self.catalog.backup.run(
-                resolved.fresh_plan(self.catalog, missing), read_only=True
-            )
-            stored = [row for row in rows.values() if row.vector is not None]
-            if stored:
-                sims = similarities(
-                    unit_rows([from_bytes(row.vector) for row in stored]), unit_rows([vector])[0]
-                )
-                dense.update((row.id, float(s)) for row, s in zip(stored, sims, strict=True))
+        dense = {
+            doc_id: score for doc_id, score in hits if doc_id in scoped and doc_id not in foreign
+        }
+        missing = [i for i in lexical if i not in dense and i not in foreign]
+        dense.update(self.scored(resolved, vector, missing))
         return dense
+
+    def scored(
+        self, resolved: ResolvedScope, vector: Sequence[float], ids: Sequence[str]
+    ) -> dict[str, float]:
+        """Cosine similarity of memories by id, from their catalog vectors."""
+        if not ids:
+            return {}
+        rows = self.catalog.backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
+        stored = [row for row in rows.values() if row.vector is not None]
+        if not stored:
+            return {}
+        sims = similarities(
+            unit_rows([from_bytes(row.vector) for row in stored]), unit_rows([vector])[0]
+        )
+        return {row.id: float(s) for row, s in zip(stored, sims, strict=True)}
 
 
 def document(row: Any, score: float) -> Document:
