@@ -911,6 +911,27 @@ class DamagedCollection:
         return fail
 
 
+@pytest.mark.parametrize("first", ["write", "search"])
+def test_a_collection_deleted_by_another_process_is_found_again_by_name(
+    make_memory: MakeMemory, backup: MySQLBackup, chroma_client: Any, first: str
+) -> None:
+    # Another process's reindex after a change of size replaces the collection.
+    memory = make_memory(exact_limit=0)  # every search asks Chroma
+    _three_sessions(memory, backup)
+    name = memory.collection.name
+    chroma_client.delete_collection(name)
+    replacement = chroma_client.get_or_create_collection(
+        name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+    )
+
+    if first == "write":
+        memory.run_pending()  # the three pending turns
+        assert replacement.count() == 3
+    else:
+        memory.search("AR table due date", session_id="s2", k=1)  # no error
+    assert memory.collection.id == replacement.id
+
+
 def test_reindex_of_a_damaged_chroma_collection_rebuilds_it(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:

@@ -230,7 +230,9 @@ class ChromaLongMemory(ExtractionWorker):
             self._connect(
                 host, port, own_client=client is not None or persist_directory is not None
             )
-            index: VectorIndex = ChromaVectorIndex(lambda: self.collection, self._repair_index)
+            index: VectorIndex = ChromaVectorIndex(
+                lambda: self.collection, self._repair_index, self._forget_collection
+            )
             locator = chroma_locator(client, persist_directory, host, port, collection_name)
         else:
             index, locator = as_vector_index(vectors), None
@@ -520,6 +522,12 @@ class ChromaLongMemory(ExtractionWorker):
         if stored is None or len(stored) == 0:
             return False
         return len(stored[0]) != len(self.embedding.embed_query("size"))
+
+    def _forget_collection(self, gone: Any) -> None:
+        """Forget a collection deleted elsewhere: the next use gets the one of its name."""
+        with self._chroma_lock:
+            if self._collection is gone:
+                self._collection = None
 
     def _drop_collection(self) -> None:
         """Delete the Chroma collection; the next use creates it empty."""

@@ -64,6 +64,11 @@ def is_damaged(exc: BaseException) -> bool:
     return type(exc).__name__ == "InternalError" and "Failed to apply logs" in str(exc)
 
 
+def is_gone(exc: BaseException) -> bool:
+    """Whether Chroma failed because the collection was deleted under this handle."""
+    return type(exc).__name__ == "NotFoundError"
+
+
 def refused_name(exc: BaseException, name: str) -> ValueError | None:
     """The error for a collection name Chroma refuses (too short, bad characters); else ``None``."""
     if type(exc).__name__ != "InvalidArgumentError":  # chromadb's, for a bad name

@@ -14,7 +14,12 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 
-from langchain_tiered_memory.tiers.long_memory.chroma import chroma_where, delete_where, is_damaged
+from langchain_tiered_memory.tiers.long_memory.chroma import (
+    chroma_where,
+    delete_where,
+    is_damaged,
+    is_gone,
+)
 
 T = TypeVar("T")
 
@@ -65,13 +70,20 @@ class ChromaVectorIndex:
         repair: Called with the collection when Chroma says it is damaged
             (:func:`~langchain_tiered_memory.tiers.long_memory.chroma.is_damaged`);
             it replaces the collection, and the call is made once more on the new one.
+        reconnect: Called with the collection when Chroma says it no longer exists
+            (another process's ``reindex`` replaced it); the owner forgets it, and
+            the call is made once more on the collection of that name now.
     """
 
     def __init__(
-        self, collection: Callable[[], Any], repair: Callable[[Any], None] | None = None
+        self,
+        collection: Callable[[], Any],
+        repair: Callable[[Any], None] | None = None,
+        reconnect: Callable[[Any], None] | None = None,
     ) -> None:
         self._collection = collection
         self._repair = repair
+        self._reconnect = reconnect
 
     @property
     def collection(self) -> Any:
@@ -83,9 +95,12 @@ class ChromaVectorIndex:
         try:
             return call(collection)
         except Exception as exc:
-            if self._repair is None or not is_damaged(exc):
+            if self._reconnect is not None and is_gone(exc):
+                self._reconnect(collection)
+            elif self._repair is not None and is_damaged(exc):
+                self._repair(collection)
+            else:
                 raise
-            self._repair(collection)
             return call(self.collection)
 
     def upsert(
