@@ -383,7 +383,9 @@ class MemorySearch:
                 index.legacy[model] = self.made_by(index, resolved, embedding)
             if not index.legacy[model]:
                 others.add(None)
-        found = frozenset(i for i, row in index.rows.items() if row.model in others)
+        found = frozenset(
+            (i for i, row in index.rows.items() if row.model in others) if others else ()
+        )
         index.foreign[model] = found
         if found and (resolved.key, model) not in self._warned:
             self._warned.add((resolved.key, model))
