@@ -213,6 +213,29 @@ def test_chunks_of_another_embedding_model_are_left_out_until_added_again(
     assert "reminder email" in top.page_content
 
 
+def test_another_models_chunks_do_not_take_the_places_of_this_models(
+    make_kb: MakeKB, chroma_client: Any
+) -> None:
+    kb = make_kb(chunk_size=40, chunk_overlap=0)
+    kb.add_texts([f"invoice rule {i} for the ledger" for i in range(6)])
+    moved = KnowledgeBase(
+        client=chroma_client,
+        collection_name=kb.collection.name,
+        embedding=SaltedHashEmbeddings(),
+        chunk_size=40,
+        chunk_overlap=0,
+    )
+    moved.add_texts(["coffee is roasted", "tea is brewed", "water is boiled"])
+
+    found = moved.search("invoice rule for the ledger", k=3)
+
+    assert sorted(doc.page_content for doc in found) == [
+        "coffee is roasted",
+        "tea is brewed",
+        "water is boiled",
+    ]
+
+
 def test_adding_the_same_texts_again_does_not_duplicate(make_kb: MakeKB) -> None:
     kb = make_kb(chunk_size=120, chunk_overlap=0)
     first = kb.add_texts([AR_DOC, "another text"])

@@ -257,19 +257,86 @@ def test_an_archive_from_before_models_were_recorded_gains_the_column(
         fill(reopened, same, "s1", "u1", 6)  # the same 4 turns, and 2 new ones
         models = [row.model for row in catalog(reopened, "s1")]
         assert models == [None] * 4 + [model_name(HashEmbeddings())] * 2
-        # The unrecorded rows' vectors are what this model makes of their text:
-        # they are its own, and compared as such.
-        with caplog.at_level(logging.WARNING):
-            assert ranked(same) != ranked(make_memory(backup=reopened, dense_weight=0.0))
-        assert not [r for r in caplog.records if "unrecorded" in r.getMessage()]
-        # Another model of the same size tells them apart from its own.
+        # Another model of the same size does not remake their vectors: words alone.
         other = make_memory(backup=reopened, embedding=SaltedHashEmbeddings())
         with caplog.at_level(logging.WARNING):
             other.search("refund number 5", session_id="s1")
-        assert "'an earlier, unrecorded model'" in caplog.text
         assert "6 vectors of the session 's1'" in caplog.text
+        assert "'an earlier, unrecorded model'" in caplog.text
+        assert [row.model for row in catalog(reopened, "s1")] == models  # nothing named
+        # The model that made them remakes them: they are named its own, once.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert ranked(same) != ranked(make_memory(backup=reopened, dense_weight=0.0))
+        assert "vectors of" not in caplog.text
+        assert {row.model for row in catalog(reopened, "s1")} == {model_name(HashEmbeddings())}
     finally:
         reopened.dispose()
+
+
+def test_memories_of_another_model_rank_by_their_words_at_full_weight(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # A scope of both models, searched by cosine alone: the old model's memory
+    # that has every word of the query still comes first (its words' full score).
+    new = switched(make_memory, backup, dense_weight=1.0)
+    fill(backup, new, "s1", "u1", 12)  # 4 more turns, by the new model
+
+    docs = new.search("invoice number 0 for s1 is 0 euros", session_id="s1", k=3)
+
+    assert docs[0].page_content.startswith("User: u1 invoice number 0 for s1 is 0 euros")
+    assert docs[0].metadata["score"] == pytest.approx(1.0)
+
+
+def test_a_reindex_elsewhere_is_seen_while_new_memories_keep_coming(
+    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = switched(make_memory, backup)
+    app.search("payroll number 2", session_id="s1")  # caches the old model's rows
+    make_memory(embedding=SaltedHashEmbeddings()).reindex(progress=False)
+    monkeypatch.setattr(retrieval, "FOREIGN_RECHECK", 0.0)
+
+    fill(backup, app, "s1", "u1", 9)  # a new memory: the cached scope grows
+    _, foreign = app.searcher.foreign_rows(
+        app.searcher.resolve("session", "s1", None),
+        app.searcher.scope_index(app.searcher.resolve("session", "s1", None)),
+        app.embedding,
+    )
+    assert foreign == frozenset()
+
+
+def test_unrecorded_rows_of_two_models_are_not_named_after_the_newest(
+    make_memory: MakeMemory, backup: MySQLBackup, caplog: pytest.LogCaptureFixture
+) -> None:
+    switched(make_memory, backup)  # 8 turns by HashEmbeddings
+    new = make_memory(embedding=SaltedHashEmbeddings())
+    fill(backup, new, "s2", "u1", 0)
+    for i in range(8, 12):  # 4 later turns of s1 by the new model
+        backup.add_messages(
+            "s1", [HumanMessage(f"late turn {i}"), AIMessage("ok")], user_id="u1", jobs=["extract"]
+        )
+    new.run_pending()
+    with backup.engine.begin() as connection:  # all written before models were recorded
+        connection.execute(text(f"UPDATE {backup.tables.memories.name} SET model = NULL"))
+
+    with caplog.at_level(logging.WARNING):
+        new.search("late turn 9", session_id="s1")
+
+    assert "12 vectors of the session 's1'" in caplog.text
+    assert {row.model for row in catalog(backup, "s1")} == {None}
+
+
+def test_a_tier_reindexes_after_another_replaced_its_collection(
+    make_memory: MakeMemory, backup: MySQLBackup, collection_name: str
+) -> None:
+    old = make_memory(embedding=DeterministicFakeEmbedding(size=384))
+    fill(backup, old, "s1", "u1", 3)
+    assert old.collection.count() == 3  # it holds the collection
+    make_memory(embedding=DeterministicFakeEmbedding(size=768)).reindex(progress=False)
+
+    assert old.reindex(progress=False) == 3  # it finds the new one by name
+
+    assert len(old.collection.get(include=["embeddings"])["embeddings"][0]) == 384
 
 
 def test_the_name_of_an_embedding_model() -> None:

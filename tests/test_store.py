@@ -141,6 +141,22 @@ def test_items_of_another_model_of_the_same_size_are_ranked_by_their_words(
         old.metadata.drop_all(backup.engine)
 
 
+def test_items_of_another_model_rank_by_their_words_at_full_dense_weight(
+    backup: MySQLBackup,
+) -> None:
+    old = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
+    old.put(("u1",), "tea", {"text": "likes oolong tea"})
+    cosine = TieredStore(
+        backup, index={"embed": SaltedHashEmbeddings(), "fields": ["text"]}, dense_weight=1.0
+    )
+    try:
+        cosine.put(("u1",), "cat", {"text": "the cat is called Miso"})
+        hits = cosine.search(("u1",), query="oolong tea")
+        assert (hits[0].key, hits[0].score) == ("tea", pytest.approx(1.0))
+    finally:
+        old.metadata.drop_all(backup.engine)
+
+
 def test_a_store_names_the_model_it_embeds_with_now(backup: MySQLBackup) -> None:
     store = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
     try:

@@ -359,17 +359,23 @@ class KnowledgeBase:
     def _query(
         self, vector: Sequence[float], k: int, where: dict[str, Any] | None
     ) -> list[Document]:
-        found = self.collection.query(
-            query_embeddings=[list(vector)],
-            n_results=k,
-            where=where,
-            include=["documents", "metadatas", "distances"],
-        )
-        metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
         model = model_name(self.embedding)
-        # A chunk of no recorded model was stored by an earlier version: compared as is.
-        made = [m.pop(MODEL_KEY, None) for m in metadatas]
-        foreign = [name for name in made if name not in (model, None)]
+        wanted = k
+        while True:
+            found = self.collection.query(
+                query_embeddings=[list(vector)],
+                n_results=wanted,
+                where=where,
+                include=["documents", "metadatas", "distances"],
+            )
+            metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
+            # A chunk of no recorded model was stored by an earlier version: compared as is.
+            made = [m.pop(MODEL_KEY, None) for m in metadatas]
+            foreign = [name for name in made if name not in (model, None)]
+            # Another model's chunks take places of this model's: ask for more.
+            if not foreign or len(made) < wanted or len(made) - len(foreign) >= k:
+                break
+            wanted *= 2
         if set(foreign) - self._warned:  # their similarity is noise: left out, said once
             self._warned |= set(foreign)
             base = f"the knowledge base {self.collection.name!r}"
@@ -389,7 +395,7 @@ class KnowledgeBase:
                 strict=True,
             )
             if name in (model, None)
-        ]
+        ][:k]
 
     @staticmethod
     def _check_k(k: int) -> None:

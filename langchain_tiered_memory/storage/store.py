@@ -764,6 +764,7 @@ class StorePlanner:
         import numpy as np
 
         dense: dict[str, float] = {}
+        foreign: set[int] = set()
         if query_vector is not None:
             foreign = {
                 position
@@ -785,7 +786,7 @@ class StorePlanner:
                 dense[str(position)] = float(sims.max())
         weight = self.dense_weight if query_vector is not None else 0.0
         lexical: dict[str, float] = {}
-        if weight < 1:
+        if weight < 1 or foreign:  # another model's items are ranked by their words
             index = BM25Index()
             terms = set(tokenize(query))
             for position, (row, _) in enumerate(candidates):
@@ -794,7 +795,12 @@ class StorePlanner:
                     wanted = [token for token in tokens if token in terms]
                     index.add_tokens(str(position), wanted, length=len(tokens))
             lexical = dict(index.search(query, len(candidates)))
-        fused = fuse(dense, lexical, dense_weight=weight) if dense or lexical else []
+        words_only = {str(position) for position in foreign}
+        fused = (
+            fuse(dense, lexical, dense_weight=weight, words_only=words_only)
+            if dense or lexical
+            else []
+        )
         # Equal scores in store order: fuse breaks ties by id as a string ("10" < "2").
         fused.sort(key=lambda pair: (-pair[1], int(pair[0])))
         scored = {int(doc_id) for doc_id, _ in fused}

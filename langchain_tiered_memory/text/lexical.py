@@ -11,7 +11,7 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from itertools import pairwise
 
 _TOKEN = re.compile(r"[a-z0-9]+|[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+|[\u3040-\u30ff]+")
@@ -176,6 +176,7 @@ def fuse(
     *,
     dense_weight: float = 0.6,
     floor: float = 0.0,
+    words_only: Collection[str] = frozenset(),
 ) -> list[tuple[str, float]]:
     """Blend dense similarities with BM25 scores into one ranking.
 
@@ -194,6 +195,8 @@ def fuse(
         floor: The embedding model's noise cosine, in [0, 1) (its
             ``similarity_floor``; 0 keeps the cosines as they are, as LangGraph's
             stores report them).
+        words_only: Ids ranked by their BM25 score alone, as with a dense weight
+            of 0 (their vectors were made by another model).
 
     Returns:
         ``(id, score)`` pairs, best first; equal scores by id, so a search ranks
@@ -206,9 +209,11 @@ def fuse(
     def scaled(cosine: float) -> float:
         return max(0.0, cosine - floor) / span if floor else cosine
 
-    scores = {
-        doc_id: weight * scaled(dense.get(doc_id, floor))
-        + (1 - weight) * lexical.get(doc_id, 0.0) / top
-        for doc_id in dense.keys() | lexical.keys()
-    }
+    def score(doc_id: str) -> float:
+        words = lexical.get(doc_id, 0.0) / top
+        if doc_id in words_only:
+            return words
+        return weight * scaled(dense.get(doc_id, floor)) + (1 - weight) * words
+
+    scores = {doc_id: score(doc_id) for doc_id in dense.keys() | lexical.keys()}
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

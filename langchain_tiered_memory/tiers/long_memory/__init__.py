@@ -50,6 +50,7 @@ from langchain_tiered_memory.tiers.long_memory.chroma import (
     chroma_locator,
     erase_from_record,
     is_damaged,
+    is_gone,
     make_chroma_client,
     refused_name,
 )
@@ -513,9 +514,13 @@ class ChromaLongMemory(ExtractionWorker):
 
     def _other_size(self) -> bool:
         """Whether the Chroma collection holds vectors of another size than the model's."""
+        collection = self.collection
         try:
-            stored = self.collection.get(limit=1, include=["embeddings"])["embeddings"]
+            stored = collection.get(limit=1, include=["embeddings"])["embeddings"]
         except Exception as exc:
+            if is_gone(exc):  # replaced by another process: look at the new one
+                self._forget_collection(collection)
+                return self._other_size()
             if not is_damaged(exc):
                 raise
             return True  # damaged: replaced all the same

@@ -436,6 +436,11 @@ class Catalog:
         result = yield select(self.table).where(c.seq > after).order_by(c.seq).limit(size)
         return result.all()
 
+    def name_plan(self, condition: Any, model: str) -> Plan[None]:
+        """Name ``model`` as the maker of a scope's rows of no recorded model."""
+        c = self.table.c
+        yield update(self.table).where(condition, c.model.is_(None)).values(model=model)
+
     def vectors_plan(
         self, rows: Sequence[Any], vectors: Sequence[Sequence[float]], model: str
     ) -> Plan[None]:

@@ -229,6 +229,8 @@ class MemorySearch:
         self._scopes: OrderedDict[tuple[str, str], ScopeIndex] = OrderedDict()
         self._lock = threading.Lock()
         self._warned: set[tuple[tuple[str, str], str]] = set()
+        # (scope, model) whose unnamed rows another model made: not probed again.
+        self._not_made: set[tuple[tuple[str, str], str]] = set()
 
     def clear(self) -> None:
         """Drop every cached scope index."""
@@ -334,9 +336,9 @@ class MemorySearch:
             dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
         # A few more than k: a correction ranked just below the value it corrects
         # moves up (see newer_first).
-        ranked = fuse(dense, lexical, dense_weight=dense_weight, floor=similarity_floor(embedding))[
-            : k + max(k, 10)
-        ]
+        floor = similarity_floor(embedding)
+        fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
+        ranked = fused[: k + max(k, 10)]
         if not ranked:  # nothing matches at all: the newest memories
             newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
             ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
@@ -363,52 +365,66 @@ class MemorySearch:
         """The scope's index, and the ids of its rows another model embedded.
 
         Their vectors cannot be compared with the query's (two models of one size
-        would rank by noise): they are searched by their words alone until
-        ``reindex()`` embeds them again, and a warning says so once per scope. A
-        row written before the catalog recorded models counts as this model's if
-        the newest such row's vector is what this model makes of its text.
+        would rank by noise): they are ranked by their words alone until
+        ``reindex()`` embeds them again, and a warning says so once per scope.
+        Rows written before the catalog recorded models are this model's if it
+        remakes the vectors of the oldest and the newest of them: they are then
+        named so in the catalog, once.
         """
         model = model_name(embedding)
-        if model in index.foreign and not (
-            index.foreign[model] and time.monotonic() - index.loaded > FOREIGN_RECHECK
-        ):
-            return index, index.foreign[model]
-        if index.foreign.get(model):  # a reindex elsewhere may have moved them since
-            with self._lock:
-                self._scopes.pop(resolved.key, None)
-            index = self.scope_index(resolved)
+        if index.models[None] and (resolved.key, model) not in self._not_made:
+            index = self.adopt_unnamed(resolved, index, embedding, model)
         others: set[str | None] = set(index.other_models(model))
         if index.models[None]:
-            if model not in index.legacy:
-                index.legacy[model] = self.made_by(index, resolved, embedding)
-            if not index.legacy[model]:
-                others.add(None)
-        found = frozenset(
-            (i for i, row in index.rows.items() if row.model in others) if others else ()
-        )
-        index.foreign[model] = found
+            others.add(None)
+        if others and time.monotonic() - index.loaded > FOREIGN_RECHECK:
+            # A reindex in another process may have moved them since.
+            index = self.reload(resolved)
+            others = set(index.other_models(model)) | ({None} if index.models[None] else set())
+        found = index.foreign.get(model)
+        if found is None:
+            found = frozenset(
+                (i for i, row in index.rows.items() if row.model in others) if others else ()
+            )
+            index.foreign[model] = found
         if found and (resolved.key, model) not in self._warned:
             self._warned.add((resolved.key, model))
             where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
             logger.warning(other_model_message(len(found), where, others, model, REINDEX))
         return index, found
 
-    def made_by(self, index: ScopeIndex, resolved: ResolvedScope, embedding: Embeddings) -> bool:
-        """Whether ``embedding`` made the newest unrecorded row's vector (one embedding)."""
-        newest = max(
+    def reload(self, resolved: ResolvedScope) -> ScopeIndex:
+        """The scope's index read again from the catalog."""
+        with self._lock:
+            self._scopes.pop(resolved.key, None)
+        return self.scope_index(resolved)
+
+    def adopt_unnamed(
+        self, resolved: ResolvedScope, index: ScopeIndex, embedding: Embeddings, model: str
+    ) -> ScopeIndex:
+        """Name the scope's unnamed rows ``model`` if it made them (two embeddings, once)."""
+        unnamed = sorted(
             (row for row in index.rows.values() if row.model is None), key=lambda row: row.seq
         )
-        rows = self.catalog.backup.run(
-            resolved.fresh_plan(self.catalog, [newest.id]), read_only=True
-        )
-        row = rows.get(newest.id)
-        if row is None or row.vector is None:
-            return True  # nothing stored to compare: nothing to mislead the ranking
-        stored = from_bytes(row.vector)
-        made = embedding.embed_documents([row.text])[0]
-        if len(made) != len(stored):
-            return False
-        return float(similarities(unit_rows([stored]), unit_rows([made])[0])[0]) > SAME_MODEL
+        # The shortest of the oldest and of the newest few: a row of the earliest
+        # model and one of the latest, embedded quickly.
+        probes = {
+            min(group, key=lambda row: len(row.text)).id for group in (unnamed[:3], unnamed[-3:])
+        }
+        backup = self.catalog.backup
+        rows = backup.run(resolved.fresh_plan(self.catalog, sorted(probes)), read_only=True)
+        stored = [row for row in rows.values() if row.vector is not None and row.model is None]
+        made = embedding.embed_documents([row.text for row in stored]) if stored else []
+        if all(
+            len(vector) == len(row.vector) // 4
+            and float(similarities(unit_rows([from_bytes(row.vector)]), unit_rows([vector])[0])[0])
+            > SAME_MODEL
+            for row, vector in zip(stored, made, strict=True)
+        ):
+            backup.run(self.catalog.name_plan(resolved.condition, model), write=True)
+            return self.reload(resolved)
+        self._not_made.add((resolved.key, model))
+        return index
 
     def dense(
         self,
