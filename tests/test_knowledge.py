@@ -187,6 +187,17 @@ def test_add_texts_splits_and_retrieves_the_right_chunk(make_kb: MakeKB) -> None
     assert top.id in ids
 
 
+def moved_model(kb: KnowledgeBase, client: Any) -> KnowledgeBase:
+    """``kb``'s collection, with another embedding model of the same size."""
+    return KnowledgeBase(
+        client=client,
+        collection_name=kb.collection.name,
+        embedding=SaltedHashEmbeddings(),
+        chunk_size=kb.chunk_size,
+        chunk_overlap=kb.chunk_overlap,
+    )
+
+
 def test_chunks_of_another_embedding_model_are_left_out_until_added_again(
     make_kb: MakeKB, chroma_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,13 +206,7 @@ def test_chunks_of_another_embedding_model_are_left_out_until_added_again(
     assert "embedding_model" not in kb.search("reminder email", k=1)[0].metadata
     # The same collection with another model of the same size (as a knowledge base
     # sharing a Chinese tier's model gets once the multilingual extra is installed).
-    moved = KnowledgeBase(
-        client=chroma_client,
-        collection_name=kb.collection.name,
-        embedding=SaltedHashEmbeddings(),
-        chunk_size=120,
-        chunk_overlap=0,
-    )
+    moved = moved_model(kb, chroma_client)
 
     with caplog.at_level(logging.WARNING):
         assert moved.search("which day is the reminder email sent", k=2) == []
@@ -218,13 +223,7 @@ def test_another_models_chunks_do_not_take_the_places_of_this_models(
 ) -> None:
     kb = make_kb(chunk_size=40, chunk_overlap=0)
     kb.add_texts([f"invoice rule {i} for the ledger" for i in range(6)])
-    moved = KnowledgeBase(
-        client=chroma_client,
-        collection_name=kb.collection.name,
-        embedding=SaltedHashEmbeddings(),
-        chunk_size=40,
-        chunk_overlap=0,
-    )
+    moved = moved_model(kb, chroma_client)
     moved.add_texts(["coffee is roasted", "tea is brewed", "water is boiled"])
 
     found = moved.search("invoice rule for the ledger", k=3)
