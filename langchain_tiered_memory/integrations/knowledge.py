@@ -10,7 +10,6 @@ them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory.core.extras import import_extra
 from langchain_tiered_memory.core.validation import check_int
-from langchain_tiered_memory.text.embeddings import model_name, other_model_message
+from langchain_tiered_memory.text.embeddings import OtherModelWarning, model_name
 from langchain_tiered_memory.tiers.long_memory import (
     PAGE,
     ChromaLongMemory,
@@ -42,13 +41,10 @@ if TYPE_CHECKING:
 #: regexes, so the punctuation stays at the end of its sentence.
 CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
-logger = logging.getLogger(__name__)
 UPSERT_BATCH = 512
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
-#: How a knowledge base's chunks are embedded again.
-ADD_AGAIN = "add their files or texts again"
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -146,7 +142,7 @@ class KnowledgeBase:
 
             embedding = MiniLMEmbeddings()
         self.embedding = embedding
-        self._warned: set[str] = set()  # the other models a warning named
+        self._other_models = OtherModelWarning("add their files or texts again")
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         splitter_class = splitters.RecursiveCharacterTextSplitter
@@ -376,10 +372,9 @@ class KnowledgeBase:
             if not foreign or len(made) < wanted or len(made) - len(foreign) >= k:
                 break
             wanted *= 2
-        if set(foreign) - self._warned:  # their similarity is noise: left out, said once
-            self._warned |= set(foreign)
+        if foreign:  # their similarity is noise: left out
             base = f"the knowledge base {self.collection.name!r}"
-            logger.warning(other_model_message(len(foreign), base, set(foreign), model, ADD_AGAIN))
+            self._other_models(len(foreign), base, foreign, model)
         return [
             Document(
                 page_content=text,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
 import math
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -78,14 +77,11 @@ from langchain_tiered_memory.core.validation import (
     nesting_depth,
 )
 from langchain_tiered_memory.storage.base import MAX_PACKET_BYTES, Plan, utcnow
-from langchain_tiered_memory.text.embeddings import other_model_message
+from langchain_tiered_memory.text.embeddings import OtherModelWarning
 from langchain_tiered_memory.text.lexical import BM25Index, fuse, tokenize
 from langchain_tiered_memory.text.similarity import similarities
 
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
-#: How the store's items of another model are embedded again.
-PUT_AGAIN = "put them again"
 
 #: Longest namespace, as its labels joined by dots (an indexed column on MySQL).
 MAX_NAMESPACE_CHARS = 500
@@ -533,7 +529,7 @@ class StorePlanner:
         self.dialect = dialect
         self.fields = [(path, tokenize_path(path) if path != "$" else path) for path in fields]
         self.model = model
-        self._warned: set[str | None] = set()
+        self._other_models = OtherModelWarning("put them again")
         self.dense_weight = dense_weight
 
     @property
@@ -741,13 +737,6 @@ class StorePlanner:
         page = ranked[op.offset : op.offset + op.limit]
         return [(row.search_item(value, score), row) for row, value, score in page]
 
-    def warn_foreign(self, count: int, others: set[str | None]) -> None:
-        """Say once per model that items of other models are searched by their words."""
-        if others - self._warned:
-            self._warned |= others
-            where = "the store's items"
-            logger.warning(other_model_message(count, where, others, str(self.model), PUT_AGAIN))
-
     def rank(
         self,
         query: str,
@@ -771,8 +760,9 @@ class StorePlanner:
                 for position, (row, _) in enumerate(candidates)
                 if row.vectors and row.model not in (None, self.model)
             }
-            if foreign:  # searched by their words alone
-                self.warn_foreign(len(foreign), {candidates[p][0].model for p in foreign})
+            if foreign:  # ranked by their words alone
+                others = {candidates[p][0].model for p in foreign}
+                self._other_models(len(foreign), "the store's items", others, str(self.model))
             target = np.asarray(query_vector, dtype=np.float64)
             target_norm = np.linalg.norm(target)
             for position, (row, _) in enumerate(candidates):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import threading
 from abc import abstractmethod
@@ -100,6 +101,8 @@ def similarity_floor(embedding: Embeddings) -> float:
     return float(floor)
 
 
+logger = logging.getLogger(__name__)
+
 #: Attributes a LangChain ``Embeddings`` names its model by (HuggingFace,
 #: OpenAI and Ollama spell them so).
 MODEL_ATTRIBUTES = ("model_name", "model", "model_id")
@@ -116,7 +119,7 @@ def model_name(embedding: Embeddings) -> str:
     it names one, else its class's (or a LangGraph embedding function's) dotted
     path, with OpenAI's ``dimensions`` when set; a cache is named by the model it
     wraps. Vectors of two names are not compared
-    (:func:`other_model_message`); a name longer than :data:`MODEL_NAME_CHARS`
+    (:class:`OtherModelWarning`); a name longer than :data:`MODEL_NAME_CHARS`
     keeps its start and a digest of the rest.
     """
     inner = getattr(embedding, "underlying_embeddings", None)  # CacheBackedEmbeddings
@@ -143,16 +146,38 @@ def model_name(embedding: Embeddings) -> str:
     return name
 
 
-def other_model_message(
-    count: int, where: str, others: Iterable[str | None], model: str, remedy: str
-) -> str:
-    """The warning for vectors another model made: searched by their words alone."""
-    names = ", ".join(sorted(repr(name or "an earlier, unrecorded model") for name in others))
-    return (
-        f"{count} vectors of {where} were made by {names}, not by {model!r}: they cannot "
-        f"be compared with its queries and are searched by their words alone until you "
-        f"{remedy}"
-    )
+class OtherModelWarning:
+    """Says, once per place and models, that another model's vectors are not compared.
+
+    A search ranks them by their words alone (their cosine with another model's
+    query is noise) until their owner embeds them again.
+
+    Args:
+        remedy: How the owner embeds them again ("call reindex()", ...).
+    """
+
+    def __init__(self, remedy: str) -> None:
+        self.remedy = remedy
+        self._said: set[tuple[str, frozenset[str | None], str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, count: int, where: str, others: Iterable[str | None], model: str) -> None:
+        """Warn that ``count`` vectors of ``where`` were made by ``others``, not ``model``."""
+        others = frozenset(others)
+        with self._lock:
+            if (where, others, model) in self._said:
+                return
+            self._said.add((where, others, model))
+        names = ", ".join(sorted(repr(name or "an earlier, unrecorded model") for name in others))
+        logger.warning(
+            "%d vectors of %s were made by %s, not by %r: they cannot be compared with its "
+            "queries and are searched by their words alone until you %s",
+            count,
+            where,
+            names,
+            model,
+            self.remedy,
+        )
 
 
 #: Loaded models by (class, settings): every instance of a process shares one.

@@ -31,9 +31,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_tiered_memory.core.validation import check_int, time_window, validate_id
 from langchain_tiered_memory.storage.base import Plan
 from langchain_tiered_memory.text.embeddings import (
+    OtherModelWarning,
     knows,
     model_name,
-    other_model_message,
     similarity_floor,
 )
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
@@ -96,8 +96,6 @@ class ScopeIndex:
     models: Counter[str | None] = field(default_factory=Counter)
     #: By the search's model: the rows another model embedded (see ``foreign``).
     foreign: dict[str, frozenset[str]] = field(default_factory=dict)
-    #: By the search's model: whether it made the rows of no recorded model.
-    legacy: dict[str, bool] = field(default_factory=dict)
     #: When the rows were read (a scope holding foreign rows is read again).
     loaded: float = field(default_factory=time.monotonic)
 
@@ -228,7 +226,7 @@ class MemorySearch:
         self.exact_limit = exact_limit
         self._scopes: OrderedDict[tuple[str, str], ScopeIndex] = OrderedDict()
         self._lock = threading.Lock()
-        self._warned: set[tuple[tuple[str, str], str]] = set()
+        self._other_models = OtherModelWarning(REINDEX)
         # (scope, model) whose unnamed rows another model made: not probed again.
         self._not_made: set[tuple[tuple[str, str], str]] = set()
 
@@ -387,10 +385,9 @@ class MemorySearch:
                 (i for i, row in index.rows.items() if row.model in others) if others else ()
             )
             index.foreign[model] = found
-        if found and (resolved.key, model) not in self._warned:
-            self._warned.add((resolved.key, model))
+        if found:
             where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
-            logger.warning(other_model_message(len(found), where, others, model, REINDEX))
+            self._other_models(len(found), where, others, model)
         return index, found
 
     def reload(self, resolved: ResolvedScope) -> ScopeIndex:
