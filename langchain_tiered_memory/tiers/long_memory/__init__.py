@@ -49,8 +49,6 @@ from langchain_tiered_memory.tiers.long_memory.chroma import (
     PAGE,
     chroma_locator,
     erase_from_record,
-    is_damaged,
-    is_gone,
     make_chroma_client,
     refused_name,
 )
@@ -231,9 +229,7 @@ class ChromaLongMemory(ExtractionWorker):
             self._connect(
                 host, port, own_client=client is not None or persist_directory is not None
             )
-            index: VectorIndex = ChromaVectorIndex(
-                lambda: self.collection, self._repair_index, self._forget_collection
-            )
+            index: VectorIndex = self._chroma_index()
             locator = chroma_locator(client, persist_directory, host, port, collection_name)
         else:
             index, locator = as_vector_index(vectors), None
@@ -507,26 +503,20 @@ class ChromaLongMemory(ExtractionWorker):
         Returns:
             How many memories were written to the index.
         """
-        if self._owns_collection and self._other_size():
-            with self._repair_lock:
-                self._drop_collection()
+        if self._owns_collection:
+            # Through the index: a collection replaced elsewhere is found again, a
+            # damaged one repaired, as for any other call.
+            stored = self._chroma_index().stored_size()
+            if stored not in (None, len(self.embedding.embed_query("size"))):
+                with self._repair_lock:
+                    self._drop_collection()
         return self._fill_index(self.vectors.upsert, reuse_vectors=False, progress=progress)
 
-    def _other_size(self) -> bool:
-        """Whether the Chroma collection holds vectors of another size than the model's."""
-        collection = self.collection
-        try:
-            stored = collection.get(limit=1, include=["embeddings"])["embeddings"]
-        except Exception as exc:
-            if is_gone(exc):  # replaced by another process: look at the new one
-                self._forget_collection(collection)
-                return self._other_size()
-            if not is_damaged(exc):
-                raise
-            return True  # damaged: replaced all the same
-        if stored is None or len(stored) == 0:
-            return False
-        return len(stored[0]) != len(self.embedding.embed_query("size"))
+    def _chroma_index(self) -> ChromaVectorIndex:
+        """The tier's collection as an index: repaired when damaged, found again when gone."""
+        return ChromaVectorIndex(
+            lambda: self.collection, self._repair_index, self._forget_collection
+        )
 
     def _forget_collection(self, gone: Any) -> None:
         """Forget a collection deleted elsewhere: the next use gets the one of its name."""

@@ -120,6 +120,12 @@ class ChromaVectorIndex:
             )
         )
 
+    def stored_size(self) -> int | None:
+        """The size of the collection's vectors (``None``: it holds none)."""
+        found = self._run(lambda collection: collection.get(limit=1, include=["embeddings"]))
+        stored = found["embeddings"]
+        return None if stored is None or len(stored) == 0 else len(stored[0])
+
     def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         """Merge new metadata values into stored memories."""
         self._run(lambda collection: collection.update(ids=list(ids), metadatas=list(metadatas)))
