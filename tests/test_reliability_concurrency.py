@@ -1,10 +1,11 @@
-"""Concurrent writers of one session, in separate processes, never interleave a batch.
+"""Concurrent writers never interleave a batch; concurrent searches never see half an update.
 
 Each process archives 50 batches ``[AIMessage(tool_calls=[...]), ToolMessage(...)...]``
 (one or two calls each) into the same session at the same moment (they start together
 on a signal); one process uses the async driver. In archive order every AI tool call
 must be followed at once by its ToolMessages: a provider rejects a history where
-anything comes in between.
+anything comes in between. Threads searching one scope while it grows each get
+a whole answer.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from langchain_tiered_memory import MySQLBackup
 
@@ -164,3 +166,74 @@ def test_creating_tables_beside_a_busy_writer_waits_instead_of_failing(tmp_path:
         writer.join()
     assert written and len(backup.history("busy", limit=len(written) + 1)) == len(written)
     backup.dispose()
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
+def test_searches_of_a_scope_that_grows_meanwhile_all_answer(
+    make_memory: Any, sqlite_backup: MySQLBackup, exact_limit: int
+) -> None:
+    """Threads search one user while the worker adds to it (an app beside its worker).
+
+    Each search brings the scope's cached index up to date; another thread may be
+    reading that index at the same moment. Every search must answer with memories
+    of the scope, never an ``IndexError`` or a ``BufferError`` from a half-done update.
+    """
+    import threading
+    import time
+
+    from langchain_tiered_memory import TieredChatMessageHistory
+
+    memory = make_memory(backup=sqlite_backup, exact_limit=exact_limit)
+    chat = TieredChatMessageHistory("s", user_id=USER, backup=sqlite_backup, long_memory=memory)
+    for n in range(600):
+        chat.add_messages(
+            [HumanMessage(f"invoice {n} for client {n % 13} is due"), AIMessage(f"noted {n}")]
+        )
+    memory.run_pending()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    answers: list[int] = []
+
+    def grow() -> None:
+        n = 600
+        while not stop.is_set():
+            chat.add_messages([HumanMessage(f"invoice {n} is paid"), AIMessage(f"ok {n}")])
+            memory.run_pending()
+            n += 1
+
+    def search(worker: int) -> None:
+        queries = ["which invoice is due", "client 7 invoice", "paid invoices", "noted"]
+        n = 0
+        while not stop.is_set():
+            try:
+                found = memory.search(
+                    queries[(n + worker) % len(queries)],
+                    user_id=USER,
+                    scope="user",
+                    k=5,
+                    since="2000-01-01" if n % 2 else None,
+                )
+                assert len(found) == 5
+                assert {doc.metadata["user_id"] for doc in found} == {USER}
+                answers.append(1)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            n += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads switch often: every interleaving gets its chance
+    threads = [threading.Thread(target=grow)] + [
+        threading.Thread(target=search, args=(w,)) for w in range(3)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(6)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(answers) > 50

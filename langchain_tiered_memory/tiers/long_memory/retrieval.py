@@ -81,7 +81,11 @@ _LABEL = re.compile(r"^[^:\n]{1,40}: ", re.MULTILINE)
 
 @dataclass
 class ScopeIndex:
-    """A scope's cached BM25 index and rows (and vectors, when searched exactly)."""
+    """A scope's cached BM25 index and rows (and vectors, when searched exactly).
+
+    One index is shared by every thread that searches its scope, and a search
+    brings it up to date in place: read it while holding ``lock`` (``add`` takes it).
+    """
 
     version: tuple[int, int] = (0, 0)
     exact: bool = True
@@ -98,9 +102,14 @@ class ScopeIndex:
     foreign: dict[str, frozenset[str]] = field(default_factory=dict)
     #: When the rows were read (a scope holding foreign rows is read again).
     loaded: float = field(default_factory=time.monotonic)
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def add(self, rows: Sequence[Any]) -> None:
         """Index rows; a row already indexed (a turn that grew) replaces its old version."""
+        with self.lock:
+            self._add(rows)
+
+    def _add(self, rows: Sequence[Any]) -> None:
         for row in rows:
             vector = getattr(row, "vector", None) if self.exact else None
             old = self.rows.get(row.id)
@@ -119,9 +128,18 @@ class ScopeIndex:
         self.foreign = {}
         self._matrix = None
 
-    def other_models(self, model: str) -> list[str]:
-        """The named models other than ``model`` that embedded some of the rows."""
-        return sorted(name for name in self.models if name is not None and name != model)
+    def not_made_by(self, model: str) -> tuple[frozenset[str], set[str | None]]:
+        """The ids of the rows ``model`` did not embed (or may not have), and their models.
+
+        Unnamed rows (``None``) count as another model's.
+        """
+        with self.lock:
+            others = {name for name in self.models if name != model}
+            found = self.foreign.get(model)
+            if found is None:
+                found = frozenset(i for i, row in self.rows.items() if row.model in others)
+                self.foreign[model] = found
+            return found, others
 
     def matrix(self) -> Any:
         """The scope's unit vectors as a float32 matrix; ``None`` if any is missing."""
@@ -317,29 +335,34 @@ class MemorySearch:
         foreign: frozenset[str] = frozenset()
         if dense_weight:
             index, foreign = self.foreign_rows(resolved, index, embedding)
-        allowed: set[str] | None = None
-        if window.bounded:  # the cached rows hold turn_at: filtered in process
-            allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
-        if not index.rows or allowed == set():
+        if not index.rows:
             return []
+        vector = query_vector(embedding, query) if dense_weight else None
         pool = max(6 * k, 60)
-        dense: dict[str, float] = {}
-        if allowed is None:
-            lexical = dict(index.bm25.search(query, pool))
-        else:
-            hits = index.bm25.search(query, len(index.rows))
-            lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
-        if dense_weight:
-            vector = query_vector(embedding, query)
-            dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
-        # A few more than k: a correction ranked just below the value it corrects
-        # moves up (see newer_first).
         floor = similarity_floor(embedding)
-        fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
-        ranked = fused[: k + max(k, 10)]
-        if not ranked:  # nothing matches at all: the newest memories
-            newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
-            ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
+        with index.lock:  # another search may be adding to it
+            if vector is not None:  # as of now: rows may have come since
+                foreign, _ = index.not_made_by(model_name(embedding))
+            allowed: set[str] | None = None
+            if window.bounded:  # the cached rows hold turn_at: filtered in process
+                allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
+                if not allowed:
+                    return []
+            if allowed is None:
+                lexical = dict(index.bm25.search(query, pool))
+            else:
+                hits = index.bm25.search(query, len(index.rows))
+                lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
+            dense: dict[str, float] = {}
+            if vector is not None:
+                dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
+            # A few more than k: a correction ranked just below the value it corrects
+            # moves up (see newer_first).
+            fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
+            ranked = fused[: k + max(k, 10)]
+            if not ranked:  # nothing matches at all: the newest memories
+                newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
+                ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
         ids = [doc_id for doc_id, _ in ranked]
         backup = self.catalog.backup
         rows = backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
@@ -372,19 +395,11 @@ class MemorySearch:
         model = model_name(embedding)
         if index.models[None] and (resolved.key, model) not in self._not_made:
             index = self.adopt_unnamed(resolved, index, embedding, model)
-        others: set[str | None] = set(index.other_models(model))
-        if index.models[None]:
-            others.add(None)
-        if others and time.monotonic() - index.loaded > FOREIGN_RECHECK:
+        found, others = index.not_made_by(model)
+        if found and time.monotonic() - index.loaded > FOREIGN_RECHECK:
             # A reindex in another process may have moved them since.
             index = self.reload(resolved)
-            others = set(index.other_models(model)) | ({None} if index.models[None] else set())
-        found = index.foreign.get(model)
-        if found is None:
-            found = frozenset(
-                (i for i, row in index.rows.items() if row.model in others) if others else ()
-            )
-            index.foreign[model] = found
+            found, others = index.not_made_by(model)
         if found:
             where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
             self._other_models(len(found), where, others, model)
@@ -400,9 +415,10 @@ class MemorySearch:
         self, resolved: ResolvedScope, index: ScopeIndex, embedding: Embeddings, model: str
     ) -> ScopeIndex:
         """Name the scope's unnamed rows ``model`` if it made them (two embeddings, once)."""
-        unnamed = sorted(
-            (row for row in index.rows.values() if row.model is None), key=lambda row: row.seq
-        )
+        with index.lock:
+            unnamed = sorted(
+                (row for row in index.rows.values() if row.model is None), key=lambda row: row.seq
+            )
         # The shortest of the oldest and of the newest few: a row of the earliest
         # model and one of the latest, embedded quickly.
         probes = {
