@@ -27,7 +27,6 @@ from langchain_tiered_memory.tiers.long_memory import (
     VectorIndex,
     VectorStoreIndex,
     make_chroma_client,
-    retrieval,
 )
 
 from .fakes import HashEmbeddings, SaltedHashEmbeddings, WeightedHashEmbeddings
@@ -224,16 +223,44 @@ def test_the_worker_extracts_with_memories_of_another_model_in_the_scope(
 
 
 def test_a_reindex_by_another_process_is_seen_by_a_tier_that_cached_the_old_rows(
-    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+    make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:
     app = switched(make_memory, backup)
     words = ranked(app)  # its cache: the old model's rows, searched by their words
     # The CLI's reindex, say: another tier, with a cache of its own.
     cli = make_memory(embedding=SaltedHashEmbeddings())
     cli.reindex(progress=False)
-    monkeypatch.setattr(retrieval, "FOREIGN_RECHECK", 0.0)  # as if a minute had passed
 
     assert ranked(app) == ranked(cli) != words
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
+def test_a_reindex_with_another_model_elsewhere_is_seen_at_once_by_a_cached_scope(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    exact_limit: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # `tiered-memory reindex` run without the app's --language: the catalog and
+    # Chroma now hold another model's vectors, in place (the scope's size and seqs
+    # unchanged). The app's cached scope must not compare its queries with them.
+    app = make_memory(exact_limit=exact_limit)
+    fill(backup, app, "s1", "u1", 8)
+    dense = ranked(app)  # cached: every row the app's model's
+    make_memory(embedding=SaltedHashEmbeddings()).reindex(progress=False)
+    words = make_memory(dense_weight=0.0)
+
+    with caplog.at_level(logging.WARNING):
+        assert ranked(app) == ranked(words) != dense
+
+    warned = [r.getMessage() for r in caplog.records if "reindex()" in r.getMessage()]
+    assert len(warned) == 1
+    assert (
+        f"8 vectors of the session 's1' were made by {model_name(SaltedHashEmbeddings())!r}"
+        in warned[0]
+    )
+    app.reindex(progress=False)  # the remedy: the app's model again
+    assert ranked(app) == dense
 
 
 def test_an_archive_from_before_models_were_recorded_gains_the_column(
@@ -289,20 +316,18 @@ def test_memories_of_another_model_rank_by_their_words_at_full_weight(
 
 
 def test_a_reindex_elsewhere_is_seen_while_new_memories_keep_coming(
-    make_memory: MakeMemory, backup: MySQLBackup, monkeypatch: pytest.MonkeyPatch
+    make_memory: MakeMemory, backup: MySQLBackup, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = switched(make_memory, backup)
     app.search("payroll number 2", session_id="s1")  # caches the old model's rows
     make_memory(embedding=SaltedHashEmbeddings()).reindex(progress=False)
-    monkeypatch.setattr(retrieval, "FOREIGN_RECHECK", 0.0)
+    fill(backup, app, "s1", "u1", 9)  # a new memory: the cached scope grows in place
+    caplog.clear()
 
-    fill(backup, app, "s1", "u1", 9)  # a new memory: the cached scope grows
-    _, foreign = app.searcher.foreign_rows(
-        app.searcher.resolve("session", "s1", None),
-        app.searcher.scope_index(app.searcher.resolve("session", "s1", None)),
-        app.embedding,
-    )
-    assert foreign == frozenset()
+    with caplog.at_level(logging.WARNING):
+        assert ranked(app) == ranked(make_memory(embedding=SaltedHashEmbeddings()))
+
+    assert "vectors of" not in caplog.text  # nothing left of another model
 
 
 def test_unrecorded_rows_of_two_models_are_not_named_after_the_newest(

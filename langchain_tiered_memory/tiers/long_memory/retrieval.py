@@ -13,7 +13,6 @@ import json
 import logging
 import re
 import threading
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,9 +56,6 @@ Scope = Literal["session", "user"]
 EXACT_LIMIT = 20_000
 #: Scope indexes kept in process (least recently searched dropped first).
 CACHED_SCOPES = 64
-#: Seconds after which a cached scope holding another model's rows is read again
-#: (a reindex in another process updates rows in place, unseen by the version).
-FOREIGN_RECHECK = 60.0
 #: How the memories of another model are embedded again.
 REINDEX = "call reindex() (CLI: tiered-memory --language <the tier's language> reindex)"
 #: The cosine above which a stored vector is what the model makes of its text.
@@ -100,8 +96,6 @@ class ScopeIndex:
     models: Counter[str | None] = field(default_factory=Counter)
     #: By the search's model: the rows another model embedded (see ``foreign``).
     foreign: dict[str, frozenset[str]] = field(default_factory=dict)
-    #: When the rows were read (a scope holding foreign rows is read again).
-    loaded: float = field(default_factory=time.monotonic)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def add(self, rows: Sequence[Any]) -> None:
@@ -331,41 +325,16 @@ class MemorySearch:
         resolved = self.resolve(scope, session_id, user_id)
         if cjk_share(query) > 0.3 and not knows(embedding, "zh"):
             dense_weight = 0.0  # a model that knows no Chinese would only add noise
-        index = self.scope_index(resolved)
-        foreign: frozenset[str] = frozenset()
-        if dense_weight:
-            index, foreign = self.foreign_rows(resolved, index, embedding)
-        if not index.rows:
-            return []
-        vector = query_vector(embedding, query) if dense_weight else None
-        pool = max(6 * k, 60)
-        floor = similarity_floor(embedding)
-        with index.lock:  # another search may be adding to it
-            if vector is not None:  # as of now: rows may have come since
-                foreign, _ = index.not_made_by(model_name(embedding))
-            allowed: set[str] | None = None
-            if window.bounded:  # the cached rows hold turn_at: filtered in process
-                allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
-                if not allowed:
-                    return []
-            if allowed is None:
-                lexical = dict(index.bm25.search(query, pool))
-            else:
-                hits = index.bm25.search(query, len(index.rows))
-                lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
-            dense: dict[str, float] = {}
-            if vector is not None:
-                dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
-            # A few more than k: a correction ranked just below the value it corrects
-            # moves up (see newer_first).
-            fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
-            ranked = fused[: k + max(k, 10)]
-            if not ranked:  # nothing matches at all: the newest memories
-                newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
-                ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
-        ids = [doc_id for doc_id, _ in ranked]
         backup = self.catalog.backup
-        rows = backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
+        for _ in range(2):
+            index, ranked = self.ranked(query, resolved, k, embedding, dense_weight, window)
+            ids = [doc_id for doc_id, _ in ranked]
+            rows = backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
+            if not dense_weight or not remodelled(index, rows):
+                break
+            # Another process embedded the scope again in place (a reindex with
+            # another model): its rows, cached with their old models, are read again.
+            self.reload(resolved)
         found = [
             (rows[doc_id], score)
             for doc_id, score in ranked
@@ -379,6 +348,52 @@ class MemorySearch:
             )
             ordered = updates_first(ordered, heads)
         return ordered[:k]
+
+    def ranked(
+        self,
+        query: str,
+        resolved: ResolvedScope,
+        k: int,
+        embedding: Embeddings,
+        dense_weight: float,
+        window: TimeWindow,
+    ) -> tuple[ScopeIndex, list[tuple[str, float]]]:
+        """The scope's index, and the ids of its best memories for ``query`` with their scores.
+
+        A few more than ``k``: a correction ranked just below the value it corrects
+        moves up (see :func:`newer_first`).
+        """
+        index = self.scope_index(resolved)
+        foreign: frozenset[str] = frozenset()
+        if dense_weight:
+            index, foreign = self.foreign_rows(resolved, index, embedding)
+        if not index.rows:
+            return index, []
+        vector = query_vector(embedding, query) if dense_weight else None
+        pool = max(6 * k, 60)
+        floor = similarity_floor(embedding)
+        with index.lock:  # another search may be adding to it
+            if vector is not None:  # as of now: rows may have come since
+                foreign, _ = index.not_made_by(model_name(embedding))
+            allowed: set[str] | None = None
+            if window.bounded:  # the cached rows hold turn_at: filtered in process
+                allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
+                if not allowed:
+                    return index, []
+            if allowed is None:
+                lexical = dict(index.bm25.search(query, pool))
+            else:
+                hits = index.bm25.search(query, len(index.rows))
+                lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
+            dense: dict[str, float] = {}
+            if vector is not None:
+                dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
+            fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
+            ranked = fused[: k + max(k, 10)]
+            if not ranked:  # nothing matches at all: the newest memories
+                newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
+                ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
+        return index, ranked
 
     def foreign_rows(
         self, resolved: ResolvedScope, index: ScopeIndex, embedding: Embeddings
@@ -396,10 +411,6 @@ class MemorySearch:
         if index.models[None] and (resolved.key, model) not in self._not_made:
             index = self.adopt_unnamed(resolved, index, embedding, model)
         found, others = index.not_made_by(model)
-        if found and time.monotonic() - index.loaded > FOREIGN_RECHECK:
-            # A reindex in another process may have moved them since.
-            index = self.reload(resolved)
-            found, others = index.not_made_by(model)
         if found:
             where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
             self._other_models(len(found), where, others, model)
@@ -556,6 +567,17 @@ def query_vector(embedding: Embeddings, query: str) -> list[float]:
     last = embedding.embed_query(lines[-1])
     both = unit_rows([whole, last]).sum(axis=0)
     return [float(x) for x in unit_rows([both])[0]]
+
+
+def remodelled(index: ScopeIndex, fresh: dict[str, Any]) -> bool:
+    """Whether some of the ``fresh`` catalog rows name another model than the cached ones.
+
+    A reindex rewrites vectors and models in place, unseen by the scope's version.
+    """
+    cached = index.rows
+    return any(
+        doc_id in cached and cached[doc_id].model != row.model for doc_id, row in fresh.items()
+    )
 
 
 def skeleton(text: str) -> set[str]:
