@@ -170,7 +170,7 @@ def test_creating_tables_beside_a_busy_writer_waits_instead_of_failing(tmp_path:
 
 @pytest.mark.parametrize("exact_limit", [20_000, 1], ids=["exact", "index"])
 def test_searches_of_a_scope_that_grows_meanwhile_all_answer(
-    make_memory: Any, sqlite_backup: MySQLBackup, exact_limit: int
+    make_memory: Any, backup: MySQLBackup, exact_limit: int
 ) -> None:
     """Threads search one user while the worker adds to it (an app beside its worker).
 
@@ -183,8 +183,8 @@ def test_searches_of_a_scope_that_grows_meanwhile_all_answer(
 
     from langchain_tiered_memory import TieredChatMessageHistory
 
-    memory = make_memory(backup=sqlite_backup, exact_limit=exact_limit)
-    chat = TieredChatMessageHistory("s", user_id=USER, backup=sqlite_backup, long_memory=memory)
+    memory = make_memory(exact_limit=exact_limit)
+    chat = TieredChatMessageHistory("s", user_id=USER, backup=backup, long_memory=memory)
     for n in range(600):
         chat.add_messages(
             [HumanMessage(f"invoice {n} for client {n % 13} is due"), AIMessage(f"noted {n}")]
