@@ -221,6 +221,20 @@ def test_search_since_and_until_filter_on_when_the_turn_happened(
         )
 
 
+def test_a_window_holding_no_memory_answers_without_embedding_the_query(
+    meetings: ChromaLongMemory,
+) -> None:
+    # The query embedding may be a paid or remote call, and it may be down.
+    asked: list[str] = []
+    embed = meetings.embedding.embed_query
+    meetings.embedding.embed_query = lambda text: asked.append(text) or embed(text)  # type: ignore[method-assign]
+
+    assert meetings.search("budget", user_id="u1", scope="user", since="2024-01-01") == []
+    assert asked == []
+    assert meetings.search("budget", user_id="u1", scope="user", since="2023-06-01")
+    assert asked == ["budget"]
+
+
 async def test_asearch_and_the_retriever_take_the_same_window(meetings: ChromaLongMemory) -> None:
     found = await meetings.asearch(
         "warehouse budget", user_id="u1", scope="user", since="2023-05-20", until="2023-06-01"

@@ -5,7 +5,7 @@ Each process archives 50 batches ``[AIMessage(tool_calls=[...]), ToolMessage(...
 on a signal); one process uses the async driver. In archive order every AI tool call
 must be followed at once by its ToolMessages: a provider rejects a history where
 anything comes in between. Threads searching one scope while it grows each get
-a whole answer.
+a whole answer, and a slow or damaged Chroma holds up no other search.
 """
 
 from __future__ import annotations
@@ -237,3 +237,127 @@ def test_searches_of_a_scope_that_grows_meanwhile_all_answer(
         sys.setswitchinterval(interval)
     assert errors == []
     assert len(answers) > 50
+
+
+class StalledQueries:
+    """A Chroma collection whose first query (of one user, if given) stalls, then acts.
+
+    ``then`` is called in the stalled query: it may raise, as a damaged collection does.
+    """
+
+    def __init__(self, collection: Any, user: str | None = None, then: Any = None) -> None:
+        import threading
+
+        self.collection = collection
+        self.user = user
+        self.then = then
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collection, name)
+
+    def query(self, **kwargs: Any) -> Any:
+        mine = self.user is None or kwargs.get("where") == {"user_id": self.user}
+        if mine and not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(20)
+            if self.then is not None:
+                self.then()
+        return self.collection.query(**kwargs)
+
+
+def _users(make_memory: Any, backup: MySQLBackup, users: str) -> Any:
+    """A tier searched through Chroma, with memories of each user, every scope cached."""
+    from langchain_tiered_memory import TieredChatMessageHistory
+
+    memory = make_memory(exact_limit=0)  # every search asks Chroma
+    for user in users:
+        chat = TieredChatMessageHistory(
+            f"s-{user}", user_id=user, backup=backup, long_memory=memory
+        )
+        for n in range(10):
+            chat.add_messages([HumanMessage(f"invoice {n} is due"), AIMessage(f"noted {n}")])
+    memory.run_pending()
+    for user in users:
+        memory.search("invoice", user_id=user, scope="user", k=3)
+    return memory
+
+
+def _grow(memory: Any, backup: MySQLBackup, user: str) -> None:
+    backup.add_messages(
+        f"s-{user}",
+        [HumanMessage("invoice 99 is paid"), AIMessage("ok")],
+        user_id=user,
+        jobs=["extract"],
+    )
+    memory.run_pending()
+
+
+def test_a_repair_of_chroma_during_a_search_holds_up_no_other_search(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    """A search finds the collection damaged and rebuilds it (the rebuild clears the
+    scope cache) while another search of the same scope brings that scope up to date."""
+    import threading
+
+    from chromadb.errors import InternalError
+
+    memory = _users(make_memory, backup, "a")
+
+    def damaged() -> None:
+        msg = "Error in compaction: Failed to apply logs to the hnsw segment writer"
+        raise InternalError(msg)
+
+    stalled = StalledQueries(memory.collection, then=damaged)
+    memory.collection = stalled
+    found: dict[str, list[Any]] = {}
+
+    def search(name: str, query: str) -> None:
+        found[name] = memory.search(query, user_id="a", scope="user", k=3)
+
+    first = threading.Thread(target=search, args=("first", "invoice due"), daemon=True)
+    first.start()
+    assert stalled.entered.wait(20)
+    _grow(memory, backup, "a")  # the second search adds to the cached scope
+    second = threading.Thread(target=search, args=("second", "invoice paid"), daemon=True)
+    second.start()
+    second.join(0.5)  # let it reach the scope (or finish)
+    stalled.release.set()
+    first.join(30)
+    second.join(30)
+
+    assert not first.is_alive() and not second.is_alive(), "deadlocked"
+    assert len(found["first"]) == 3 and len(found["second"]) == 3
+    assert memory.collection.count() == 11  # rebuilt from the catalog, nothing lost
+
+
+def test_a_slow_vector_index_for_one_user_holds_up_no_other_user(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    import threading
+    import time
+
+    memory = _users(make_memory, backup, "ab")
+    stalled = StalledQueries(memory.collection, user="a")  # a far or loaded Chroma server
+    memory.collection = stalled
+    slow = threading.Thread(
+        target=memory.search, args=("invoice due",), kwargs={"user_id": "a", "scope": "user"}
+    )
+    slow.start()
+    assert stalled.entered.wait(20)
+    _grow(memory, backup, "a")
+    behind = threading.Thread(  # waits for user a's scope, as it should
+        target=memory.search, args=("invoice paid",), kwargs={"user_id": "a", "scope": "user"}
+    )
+    behind.start()
+    behind.join(0.3)
+    try:
+        started = time.monotonic()
+        assert memory.search("invoice", user_id="b", scope="user", k=3)
+        took = time.monotonic() - started
+    finally:
+        stalled.release.set()
+        slow.join(30)
+        behind.join(30)
+    assert took < 2.0  # user b's search does not wait for user a's Chroma query

@@ -271,32 +271,43 @@ class MemorySearch:
         raise ValueError(msg)
 
     def scope_index(self, resolved: ResolvedScope) -> ScopeIndex:
-        """The scope's index, brought up to date with the catalog."""
+        """The scope's index, brought up to date with the catalog.
+
+        The cache's lock guards the mapping only; a scope is read from the catalog
+        under its own lock, so one slow scope never holds up the others.
+        """
         backup, condition = self.catalog.backup, resolved.condition
         version = backup.run(self.catalog.version_plan(condition))
         exact = version[0] <= self.exact_limit
         with self._lock:
             index = self._scopes.get(resolved.key)
-            if index is None or index.version != version:
-                # Rows past the cached seq are new memories or grown turns (a grown
-                # turn's row is re-inserted under a new seq, same id).
-                grows = index is not None and version[0] >= index.version[0]
-                if index is None or not grows or index.exact != exact:
-                    index = ScopeIndex(exact=exact)
+            if index is None or index.exact != exact:
+                index = ScopeIndex(exact=exact)
+                self._scopes[resolved.key] = index
+            self._scopes.move_to_end(resolved.key)
+            while len(self._scopes) > CACHED_SCOPES:
+                self._scopes.popitem(last=False)
+        with index.lock:
+            if index.version == version:
+                return index
+            # Rows past the cached seq are new memories or grown turns (a grown
+            # turn's row is re-inserted under a new seq, same id).
+            if version[0] >= index.version[0]:
                 rows = backup.run(
                     self.catalog.rows_plan(condition, index.version[1], vectors=exact)
                 )
                 added = sum(1 for row in rows if row.id not in index.rows)
-                if index.version[0] + added != version[0]:  # deletions: rebuild
-                    index = ScopeIndex(exact=exact)
-                    rows = backup.run(self.catalog.rows_plan(condition, 0, vectors=exact))
-                index.add(rows)
-                index.version = version
-            self._scopes[resolved.key] = index
-            self._scopes.move_to_end(resolved.key)
-            while len(self._scopes) > CACHED_SCOPES:
-                self._scopes.popitem(last=False)
-            return index
+                if index.version[0] + added == version[0]:
+                    index.add(rows)
+                    index.version = version
+                    return index
+        # Memories were deleted: the scope is read again, whole, into a new index.
+        fresh = ScopeIndex(exact=exact)
+        fresh.add(backup.run(self.catalog.rows_plan(condition, 0, vectors=exact)))
+        fresh.version = version
+        with self._lock:
+            self._scopes[resolved.key] = fresh
+        return fresh
 
     def search(
         self,
@@ -364,35 +375,48 @@ class MemorySearch:
         moves up (see :func:`newer_first`).
         """
         index = self.scope_index(resolved)
-        foreign: frozenset[str] = frozenset()
         if dense_weight:
-            index, foreign = self.foreign_rows(resolved, index, embedding)
-        if not index.rows:
-            return index, []
-        vector = query_vector(embedding, query) if dense_weight else None
+            index, _ = self.foreign_rows(resolved, index, embedding)
         pool = max(6 * k, 60)
-        floor = similarity_floor(embedding)
-        with index.lock:  # another search may be adding to it
-            if vector is not None:  # as of now: rows may have come since
-                foreign, _ = index.not_made_by(model_name(embedding))
+        # The index is read under its lock (another search may be adding to it),
+        # never while the query is embedded or Chroma and the catalog are asked.
+        with index.lock:
             allowed: set[str] | None = None
             if window.bounded:  # the cached rows hold turn_at: filtered in process
                 allowed = {doc_id for doc_id, row in index.rows.items() if window.holds(row)}
-                if not allowed:
-                    return index, []
+            if not index.rows or allowed == set():
+                return index, []
             if allowed is None:
                 lexical = dict(index.bm25.search(query, pool))
             else:
                 hits = index.bm25.search(query, len(index.rows))
                 lexical = dict([(i, score) for i, score in hits if i in allowed][:pool])
-            dense: dict[str, float] = {}
-            if vector is not None:
-                dense = self.dense(index, resolved, vector, pool, lexical, allowed, foreign)
-            fused = fuse(dense, lexical, dense_weight=dense_weight, floor=floor, words_only=foreign)
-            ranked = fused[: k + max(k, 10)]
-            if not ranked:  # nothing matches at all: the newest memories
+        dense: dict[str, float] = {}
+        foreign: frozenset[str] = frozenset()
+        if dense_weight:
+            vector = query_vector(embedding, query)
+            exact: dict[str, float] | None = None
+            with index.lock:  # as of now: rows may have come since
+                foreign, _ = index.not_made_by(model_name(embedding))
+                if index.exact:
+                    exact = self.exact_dense(index, vector, pool, lexical, allowed, foreign)
+            dense = (
+                self.index_dense(index, resolved, vector, pool, lexical, allowed, foreign)
+                if exact is None
+                else exact
+            )
+        fused = fuse(
+            dense,
+            lexical,
+            dense_weight=dense_weight,
+            floor=similarity_floor(embedding),
+            words_only=foreign,
+        )
+        ranked = fused[: k + max(k, 10)]
+        if not ranked:  # nothing matches at all: the newest memories
+            with index.lock:
                 newest = [i for i in reversed(index.ids) if allowed is None or i in allowed]
-                ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
+            ranked = [(doc_id, 0.0) for doc_id in newest[:k]]
         return index, ranked
 
     def foreign_rows(
@@ -450,27 +474,23 @@ class MemorySearch:
         self._not_made.add((resolved.key, model))
         return index
 
-    def dense(
+    def exact_dense(
         self,
         index: ScopeIndex,
-        resolved: ResolvedScope,
         vector: Sequence[float],
         pool: int,
         lexical: dict[str, float],
         allowed: set[str] | None = None,
         foreign: frozenset[str] = frozenset(),
-    ) -> dict[str, float]:
-        """Cosine similarity of the best ``pool`` memories and of every lexical hit.
+    ) -> dict[str, float] | None:
+        """Cosine similarity of the best ``pool`` memories and of every lexical hit, exactly.
 
-        With ``allowed`` (a time window), only those memories are candidates;
-        ``foreign`` memories (another model's vectors) never are.
-
-        Exact, in process, for a scope within ``exact_limit`` whose vectors are all
-        in the catalog; otherwise the vector index's nearest, kept only if they are
-        the scope's own, plus the lexical hits' similarities from their catalog vectors.
+        From the scope's cached vectors (hold ``index.lock``). With ``allowed`` (a
+        time window), only those memories are candidates; ``foreign`` memories
+        (another model's vectors) never are. ``None`` when some vectors are not in
+        the catalog: the vector index is asked instead (:meth:`index_dense`).
         """
-        matrix = index.matrix() if index.exact and not foreign else None
-        if foreign and index.exact:  # this model's vectors only, from the cache
+        if foreign:  # this model's vectors only
             kept: list[tuple[str, bytes]] = []
             for i in index.ids:
                 stored = index.vectors[index.position[i]]
@@ -480,19 +500,39 @@ class MemorySearch:
                 return {}
             sims = similarities(unit_rows([from_bytes(v) for _, v in kept]), unit_rows([vector])[0])
             return {i: float(sim) for (i, _), sim in zip(kept, sims, strict=True)}
-        if matrix is not None:
-            import numpy as np
+        matrix = index.matrix()
+        if matrix is None:
+            return None
+        import numpy as np
 
-            query = unit_rows([vector])[0]
-            sims = similarities(matrix, query)
-            if allowed is not None:
-                outside = np.fromiter((i not in allowed for i in index.ids), bool, len(index.ids))
-                sims = np.where(outside, -np.inf, sims)
-            best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
-            dense = {index.ids[i]: float(sims[i]) for i in best if np.isfinite(sims[i])}
-            position = index.position
-            dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
-            return dense
+        query = unit_rows([vector])[0]
+        sims = similarities(matrix, query)
+        if allowed is not None:
+            outside = np.fromiter((i not in allowed for i in index.ids), bool, len(index.ids))
+            sims = np.where(outside, -np.inf, sims)
+        best = np.argpartition(-sims, min(pool, len(sims)) - 1)[:pool]
+        dense = {index.ids[i]: float(sims[i]) for i in best if np.isfinite(sims[i])}
+        position = index.position
+        dense.update((i, float(sims[position[i]])) for i in lexical if i in position)
+        return dense
+
+    def index_dense(
+        self,
+        index: ScopeIndex,
+        resolved: ResolvedScope,
+        vector: Sequence[float],
+        pool: int,
+        lexical: dict[str, float],
+        allowed: set[str] | None = None,
+        foreign: frozenset[str] = frozenset(),
+    ) -> dict[str, float]:
+        """Cosine similarity of the vector index's nearest memories and of every lexical hit.
+
+        The index's hits are kept only if they are the scope's own (and ``allowed``,
+        and not ``foreign``); the lexical hits' similarities come from their catalog
+        vectors. Called without ``index.lock``: a slow index or a repair of it must
+        not hold up the scope's other searches.
+        """
         try:
             # A window leaves some of the nearest out: ask for more of them.
             wanted = pool if allowed is None else 4 * pool
@@ -505,7 +545,7 @@ class MemorySearch:
             # which names a change of model size instead of hiding it.
             logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
             hits = []
-        scoped = index.rows if allowed is None else allowed
+        scoped = index.rows if allowed is None else allowed  # rows are added, never removed
         dense = {
             doc_id: score for doc_id, score in hits if doc_id in scoped and doc_id not in foreign
         }
