@@ -619,8 +619,9 @@ class QueueWorker(Lifecycle):
             self._stop.set()
             self._wake.set()
             forget_at_exit(self)
-            if self._thread is not None:
-                self._thread.join(timeout)
+            thread = self._thread  # read once: another thread may close it meanwhile
+            if thread is not None:
+                thread.join(timeout)
                 self._thread = None
 
     def drain(self, timeout: float | None = None) -> int:
