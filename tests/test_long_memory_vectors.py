@@ -263,6 +263,41 @@ def test_a_reindex_with_another_model_elsewhere_is_seen_at_once_by_a_cached_scop
     assert ranked(app) == dense
 
 
+class AutomobileIsCar(HashEmbeddings):
+    """A model that knows an automobile is a car (and has a name of its own)."""
+
+    model_name = "knows-cars"
+
+    def _vector(self, text: str) -> list[float]:
+        words = ("car" if word == "automobile" else word for word in text.lower().split())
+        return super()._vector(" ".join(words))
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 0], ids=["exact", "index"])
+def test_a_reindex_elsewhere_of_a_scope_holding_two_models_is_seen(
+    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+) -> None:
+    # The old model's memory shares no word with the query: only its vector can
+    # find it, so no search ranks it while it is searched by its words.
+    old = make_memory(embedding=HashEmbeddings())
+    backup.add_messages("s1", [HumanMessage("automobile"), AIMessage("ok")], jobs=["extract"])
+    old.run_pending()
+    app = make_memory(embedding=AutomobileIsCar(), dense_weight=1.0, exact_limit=exact_limit)
+    for i in range(20):
+        backup.add_messages(
+            "s1",
+            [HumanMessage(f"car wash ticket {i} for the blue van at station {i}"), AIMessage("ok")],
+            jobs=["extract"],
+        )
+    app.run_pending()
+    app.search("car", session_id="s1", k=5)  # cached: the automobile memory is another model's
+    make_memory(embedding=AutomobileIsCar()).reindex(progress=False)  # the CLI, say
+
+    found = app.search("car", session_id="s1", k=5)
+
+    assert found[0].page_content == "User: automobile\nAI: ok"
+
+
 def test_an_archive_from_before_models_were_recorded_gains_the_column(
     make_memory: MakeMemory,
     backup: MySQLBackup,

@@ -361,3 +361,148 @@ def test_a_slow_vector_index_for_one_user_holds_up_no_other_user(
         slow.join(30)
         behind.join(30)
     assert took < 2.0  # user b's search does not wait for user a's Chroma query
+
+
+# -- the scope cache: brought up to date by whichever search comes first -------------
+
+
+def _invoices(make_memory: Any, backup: MySQLBackup, n: int, **options: Any) -> Any:
+    memory = make_memory(**options)
+    for i in range(n):
+        _turn(backup, memory, f"invoice {i} costs {i * 7} euros")
+    return memory
+
+
+def _turn(backup: MySQLBackup, memory: Any, text: str) -> None:
+    backup.add_messages("s1", [HumanMessage(text), AIMessage("ok")], user_id=USER, jobs=["extract"])
+    memory.run_pending()
+
+
+def _whole_reads(memory: Any, pause: Any = None) -> list[int]:
+    """Count (and optionally hold up) the reads of a whole scope from the catalog."""
+    import threading
+
+    catalog = memory.searcher.catalog
+    inner = catalog.rows_plan
+    reads: list[int] = []
+
+    def rows_plan(condition: Any, after: int, *, vectors: bool) -> Any:
+        if after == 0:
+            reads.append(threading.get_ident())
+            if pause is not None:
+                pause()
+        return inner(condition, after, vectors=vectors)
+
+    catalog.rows_plan = rows_plan
+    return reads
+
+
+def test_searches_after_a_deletion_elsewhere_read_the_scope_once(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    import threading
+    import time
+
+    memory = _invoices(make_memory, backup, 30)
+    memory.search("invoice", user_id=USER, scope="user")  # cached
+    reads = _whole_reads(memory, pause=lambda: time.sleep(0.2))  # a large scope
+    catalog = memory.searcher.catalog
+    forgotten = backup.run(catalog.scope_page_plan(None, USER))[0]
+    backup.run(catalog.delete_plan([forgotten]), write=True)  # by another process
+
+    searches = [
+        threading.Thread(
+            target=memory.search, args=("invoice 3",), kwargs={"user_id": USER, "scope": "user"}
+        )
+        for _ in range(8)
+    ]
+    for thread in searches:
+        thread.start()
+    for thread in searches:
+        thread.join()
+
+    assert len(reads) == 1  # one search reads it again; the others use that
+
+
+def test_a_search_that_read_an_older_version_does_not_set_the_cache_back(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    import threading
+
+    memory = _invoices(make_memory, backup, 6)
+    memory.search("invoice", session_id="s1")  # cached
+    _turn(backup, memory, "memory seven")
+    catalog = memory.searcher.catalog
+    reached, go = threading.Event(), threading.Event()
+    slow: dict[str, int] = {}
+    inner = catalog.version_plan
+
+    def version_plan(condition: Any) -> Any:
+        version = yield from inner(condition)
+        if threading.get_ident() == slow.get("thread"):
+            reached.set()
+            go.wait(10)  # read the version, then descheduled
+        return version
+
+    catalog.version_plan = version_plan
+    reads = _whole_reads(memory)
+
+    def late() -> None:
+        slow["thread"] = threading.get_ident()
+        memory.search("invoice", session_id="s1")
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    assert reached.wait(10)
+    _turn(backup, memory, "memory eight")
+    memory.search("invoice", session_id="s1")  # brings the cache to 8 memories
+    (cached,) = memory.searcher._scopes.values()
+    newest = cached.version
+    go.set()
+    thread.join()
+    memory.search("invoice", session_id="s1")
+
+    assert cached.version == newest and len(cached.rows) == 8
+    assert reads == []  # no memory was deleted: nothing read whole
+
+
+def test_a_memory_forgotten_elsewhere_never_stays_in_the_cached_scope(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    # The version and the rows of a scope are read as of one moment: a rebuild
+    # never holds a row its version does not count.
+    import threading
+
+    memory = _invoices(make_memory, backup, 6, dense_weight=0.0)
+    memory.search("invoice", session_id="s1", k=2)  # cached
+    catalog = memory.searcher.catalog
+    rows = backup.run(catalog.rows_plan(catalog.table.c.session_id == "s1", 0, vectors=False))
+    ids = [row.id for row in rows]  # oldest first
+    backup.run(catalog.delete_plan([ids[0]]), write=True)  # forgotten elsewhere: rebuild
+    reached, go = threading.Event(), threading.Event()
+    slow: dict[str, int] = {}
+
+    def pause() -> None:
+        if threading.get_ident() == slow.get("thread"):
+            reached.set()
+            go.wait(10)
+
+    _whole_reads(memory, pause)
+
+    def rebuild() -> None:
+        slow["thread"] = threading.get_ident()
+        memory.search("invoice", session_id="s1", k=2)
+
+    thread = threading.Thread(target=rebuild)
+    thread.start()
+    assert reached.wait(10)  # between reading the version and the rows
+    _turn(backup, memory, "a new memory about shipping")
+    go.set()
+    thread.join()
+    backup.run(catalog.delete_plan([ids[-1]]), write=True)  # the newest before it, elsewhere
+
+    (cached,) = memory.searcher._scopes.values()
+    found = memory.search("zebra", session_id="s1", k=2)  # no match: the newest two
+
+    assert ids[-1] not in cached.rows
+    assert len(found) == 2

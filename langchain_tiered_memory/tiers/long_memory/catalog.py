@@ -379,6 +379,25 @@ class Catalog:
         result = yield select(*columns).where(condition, c.seq > after).order_by(c.seq)
         return result.all()
 
+    def snapshot_plan(
+        self, condition: Any, after: int, exact_limit: int
+    ) -> Plan[tuple[tuple[int, int], list[Any]]]:
+        """A scope's version and its rows past ``after``, as of one moment.
+
+        Run as one transaction, the rows are those the version counts. They carry
+        their vectors when the scope is at most ``exact_limit`` memories (searched
+        exactly, in process).
+        """
+        version = yield from self.version_plan(condition)
+        rows = yield from self.rows_plan(condition, after, vectors=version[0] <= exact_limit)
+        return version, rows
+
+    def models_plan(self, condition: Any) -> Plan[dict[str | None, int]]:
+        """How many of a scope's rows each embedding model embedded."""
+        c = self.table.c
+        result = yield select(c.model, func.count()).where(condition).group_by(c.model)
+        return {model: int(count) for model, count in result.all()}
+
     def fresh_plan(self, ids: Sequence[str], condition: Any = None) -> Plan[dict[str, Any]]:
         """Rows by id as they are now (provenance may have grown since caching)."""
         c = self.table.c

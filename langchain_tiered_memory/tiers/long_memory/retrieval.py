@@ -96,7 +96,25 @@ class ScopeIndex:
     models: Counter[str | None] = field(default_factory=Counter)
     #: By the search's model: the rows another model embedded (see ``foreign``).
     foreign: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: Read again, whole, at the next search (a reindex elsewhere changed rows in place).
+    stale: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
+    def reset(self, exact: bool) -> None:
+        """Forget every row (hold ``lock``): the scope is about to be read again, whole.
+
+        New containers, not cleared ones: a reader of the old ``rows`` keeps them.
+        """
+        self.exact = exact
+        self.bm25 = BM25Index()
+        self.rows = {}
+        self.ids = []
+        self.vectors = []
+        self.position = {}
+        self.models = Counter()
+        self.foreign = {}
+        self._matrix = None
+        self.stale = False
 
     def add(self, rows: Sequence[Any]) -> None:
         """Index rows; a row already indexed (a turn that grew) replaces its old version."""
@@ -273,41 +291,49 @@ class MemorySearch:
     def scope_index(self, resolved: ResolvedScope) -> ScopeIndex:
         """The scope's index, brought up to date with the catalog.
 
-        The cache's lock guards the mapping only; a scope is read from the catalog
-        under its own lock, so one slow scope never holds up the others.
+        The cache's lock guards the mapping only. A scope is brought up to date
+        under its own lock, so one slow scope never holds up the others, and
+        from a version read under that lock together with its rows, so the index
+        only moves forward and holds exactly the rows its version counts.
         """
         backup, condition = self.catalog.backup, resolved.condition
         version = backup.run(self.catalog.version_plan(condition))
-        exact = version[0] <= self.exact_limit
         with self._lock:
             index = self._scopes.get(resolved.key)
-            if index is None or index.exact != exact:
-                index = ScopeIndex(exact=exact)
+            if index is None:
+                index = ScopeIndex(version=(-1, -1))
                 self._scopes[resolved.key] = index
             self._scopes.move_to_end(resolved.key)
             while len(self._scopes) > CACHED_SCOPES:
                 self._scopes.popitem(last=False)
         with index.lock:
-            if index.version == version:
+            if index.version == version and not index.stale:
                 return index
-            # Rows past the cached seq are new memories or grown turns (a grown
-            # turn's row is re-inserted under a new seq, same id).
-            if version[0] >= index.version[0]:
-                rows = backup.run(
-                    self.catalog.rows_plan(condition, index.version[1], vectors=exact)
+            after = 0 if index.stale else max(index.version[1], 0)
+            version, rows = backup.run(
+                self.catalog.snapshot_plan(condition, after, self.exact_limit)
+            )
+            if index.version == version and not index.stale:
+                return index  # another search brought it here meanwhile
+            exact = version[0] <= self.exact_limit
+            if after:
+                # Rows past the cached seq are new memories or grown turns (a grown
+                # turn's row is re-inserted under a new seq, same id).
+                if index.exact == exact and version[0] >= index.version[0]:
+                    added = sum(1 for row in rows if row.id not in index.rows)
+                    if index.version[0] + added == version[0]:
+                        index.add(rows)
+                        index.version = version
+                        return index
+                # Memories were deleted (or the scope crossed exact_limit): read it whole.
+                version, rows = backup.run(
+                    self.catalog.snapshot_plan(condition, 0, self.exact_limit)
                 )
-                added = sum(1 for row in rows if row.id not in index.rows)
-                if index.version[0] + added == version[0]:
-                    index.add(rows)
-                    index.version = version
-                    return index
-        # Memories were deleted: the scope is read again, whole, into a new index.
-        fresh = ScopeIndex(exact=exact)
-        fresh.add(backup.run(self.catalog.rows_plan(condition, 0, vectors=exact)))
-        fresh.version = version
-        with self._lock:
-            self._scopes[resolved.key] = fresh
-        return fresh
+                exact = version[0] <= self.exact_limit
+            index.reset(exact)
+            index.add(rows)
+            index.version = version
+            return index
 
     def search(
         self,
@@ -345,7 +371,7 @@ class MemorySearch:
                 break
             # Another process embedded the scope again in place (a reindex with
             # another model): its rows, cached with their old models, are read again.
-            self.reload(resolved)
+            self.reload(resolved, index)
         found = [
             (rows[doc_id], score)
             for doc_id, score in ranked
@@ -435,15 +461,31 @@ class MemorySearch:
         if index.models[None] and (resolved.key, model) not in self._not_made:
             index = self.adopt_unnamed(resolved, index, embedding, model)
         found, others = index.not_made_by(model)
+        if found and self.remodelled_elsewhere(resolved, index):
+            index = self.reload(resolved, index)
+            found, others = index.not_made_by(model)
         if found:
             where = f"the {resolved.key[0]} {resolved.key[1].split(chr(31))[0]!r}"
             self._other_models(len(found), where, others, model)
         return index, found
 
-    def reload(self, resolved: ResolvedScope) -> ScopeIndex:
-        """The scope's index read again from the catalog."""
-        with self._lock:
-            self._scopes.pop(resolved.key, None)
+    def remodelled_elsewhere(self, resolved: ResolvedScope, index: ScopeIndex) -> bool:
+        """Whether the scope's rows now count other models than the cached ones.
+
+        A reindex elsewhere rewrites rows in place, unseen by the scope's version;
+        asked while a scope holds another model's rows, whose words alone rank
+        them, so a search may never reach them to see it (see :func:`remodelled`).
+        """
+        counts = self.catalog.backup.run(self.catalog.models_plan(resolved.condition))
+        with index.lock:
+            cached = {name: n for name, n in index.models.items() if n}
+            settled = sum(counts.values()) == index.version[0]  # no memory came meanwhile
+        return settled and counts != cached
+
+    def reload(self, resolved: ResolvedScope, index: ScopeIndex) -> ScopeIndex:
+        """The scope's index read again from the catalog, whole."""
+        with index.lock:
+            index.stale = True
         return self.scope_index(resolved)
 
     def adopt_unnamed(
@@ -454,6 +496,8 @@ class MemorySearch:
             unnamed = sorted(
                 (row for row in index.rows.values() if row.model is None), key=lambda row: row.seq
             )
+        if not unnamed:  # named meanwhile
+            return index
         # The shortest of the oldest and of the newest few: a row of the earliest
         # model and one of the latest, embedded quickly.
         probes = {
@@ -461,16 +505,18 @@ class MemorySearch:
         }
         backup = self.catalog.backup
         rows = backup.run(resolved.fresh_plan(self.catalog, sorted(probes)), read_only=True)
-        stored = [row for row in rows.values() if row.vector is not None and row.model is None]
+        if len(rows) < len(probes) or any(row.model is not None for row in rows.values()):
+            return self.reload(resolved, index)  # forgotten or named meanwhile: read it again
+        stored = [row for row in rows.values() if row.vector is not None]
         made = embedding.embed_documents([row.text for row in stored]) if stored else []
-        if all(
+        if stored and all(
             len(vector) == len(row.vector) // 4
             and float(similarities(unit_rows([from_bytes(row.vector)]), unit_rows([vector])[0])[0])
             > SAME_MODEL
             for row, vector in zip(stored, made, strict=True)
         ):
             backup.run(self.catalog.name_plan(resolved.condition, model), write=True)
-            return self.reload(resolved)
+            return self.reload(resolved, index)
         self._not_made.add((resolved.key, model))
         return index
 
