@@ -27,6 +27,7 @@ from langchain_tiered_memory.tiers.long_memory import (
     VectorIndex,
     VectorStoreIndex,
     make_chroma_client,
+    retrieval,
 )
 
 from .fakes import HashEmbeddings, SaltedHashEmbeddings, WeightedHashEmbeddings
@@ -275,7 +276,10 @@ class AutomobileIsCar(HashEmbeddings):
 
 @pytest.mark.parametrize("exact_limit", [20_000, 0], ids=["exact", "index"])
 def test_a_reindex_elsewhere_of_a_scope_holding_two_models_is_seen(
-    make_memory: MakeMemory, backup: MySQLBackup, exact_limit: int
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    exact_limit: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The old model's memory shares no word with the query: only its vector can
     # find it, so no search ranks it while it is searched by its words.
@@ -292,10 +296,35 @@ def test_a_reindex_elsewhere_of_a_scope_holding_two_models_is_seen(
     app.run_pending()
     app.search("car", session_id="s1", k=5)  # cached: the automobile memory is another model's
     make_memory(embedding=AutomobileIsCar()).reindex(progress=False)  # the CLI, say
+    monkeypatch.setattr(retrieval, "MODELS_RECHECK", 0.0)  # as if its seconds had passed
 
     found = app.search("car", session_id="s1", k=5)
 
     assert found[0].page_content == "User: automobile\nAI: ok"
+
+
+def test_a_scope_holding_two_models_counts_them_at_most_every_few_seconds(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # The count reads the whole scope: not at every search of a steady scope.
+    from sqlalchemy import event
+
+    app = switched(make_memory, backup)
+    fill(backup, app, "s1", "u1", 10)  # 2 memories of the new model beside 8 of the old
+    counted: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "GROUP BY" in statement:
+            counted.append(statement)
+
+    event.listen(backup.engine, "before_cursor_execute", record)
+    try:
+        for _ in range(10):
+            app.search("payroll number 2", session_id="s1")
+    finally:
+        event.remove(backup.engine, "before_cursor_execute", record)
+
+    assert len(counted) == 1
 
 
 def test_an_archive_from_before_models_were_recorded_gains_the_column(

@@ -506,3 +506,34 @@ def test_a_memory_forgotten_elsewhere_never_stays_in_the_cached_scope(
 
     assert ids[-1] not in cached.rows
     assert len(found) == 2
+
+
+def test_a_grown_turn_committed_out_of_seq_order_is_seen(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    # On a server, a transaction may commit a lower seq after a higher one. A grown
+    # turn (its row re-inserted under a new seq) committed so leaves the scope's
+    # count and highest seq as they were: the sum of the seqs still changes.
+    from sqlalchemy import delete, insert
+
+    memory = _invoices(make_memory, backup, 4, dense_weight=0.0)
+    catalog = memory.searcher.catalog
+    table = catalog.table
+    rows = backup.run(catalog.rows_plan(table.c.session_id == "s1", 0, vectors=True))
+    gap = rows[1]  # its seq goes to a transaction that commits late
+    backup.run(catalog.delete_plan([gap.id]), write=True)
+    memory.search("invoice", session_id="s1", k=3)  # cached
+    grown = rows[0]
+
+    def late_commit() -> Any:
+        yield delete(table).where(table.c.id == grown.id)
+        values = {column.name: getattr(grown, column.name) for column in table.c}
+        values.update(seq=gap.seq, text="invoice 0 costs 0 euros, paid in zanzibar")
+        yield insert(table).values(**values)
+
+    backup.run(late_commit(), write=True)
+    found = memory.search("zanzibar", session_id="s1", k=1)
+
+    assert "zanzibar" in found[0].page_content
+    (cached,) = memory.searcher._scopes.values()
+    assert "zanzibar" in cached.rows[grown.id].text

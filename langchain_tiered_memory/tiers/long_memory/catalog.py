@@ -14,7 +14,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.messages import BaseMessage
 from sqlalchemy import delete, func, insert, select, update
@@ -141,6 +141,18 @@ class TurnRow:
     id: int
     message: BaseMessage
     created_at: datetime
+
+
+class Version(NamedTuple):
+    """What a scope holds, in three numbers: an insert, a deletion or a re-insert changes one.
+
+    A grown turn's row is re-inserted under a new seq; on a server, a transaction
+    may commit a lower seq after a higher one. The sum of the seqs changes either way.
+    """
+
+    size: int  #: how many memories
+    top: int  #: the highest seq
+    total: int  #: the sum of the seqs
 
 
 class Catalog:
@@ -365,12 +377,14 @@ class Catalog:
 
     # -- search --------------------------------------------------------------------
 
-    def version_plan(self, condition: Any) -> Plan[tuple[int, int]]:
-        """A scope's ``(count, max seq)``: it changes whenever the scope does."""
+    def version_plan(self, condition: Any) -> Plan[Version]:
+        """A scope's :class:`Version`: it changes whenever the scope does."""
         c = self.table.c
-        result = yield select(func.count(), func.coalesce(func.max(c.seq), 0)).where(condition)
-        count, top = result.one()
-        return int(count), int(top)
+        result = yield select(
+            func.count(), func.coalesce(func.max(c.seq), 0), func.coalesce(func.sum(c.seq), 0)
+        ).where(condition)
+        count, top, total = result.one()
+        return Version(int(count), int(top), int(total))
 
     def rows_plan(self, condition: Any, after: int, *, vectors: bool) -> Plan[list[Any]]:
         """A scope's rows past ``after`` (by seq), with their vectors or without."""
@@ -381,7 +395,7 @@ class Catalog:
 
     def snapshot_plan(
         self, condition: Any, after: int, exact_limit: int
-    ) -> Plan[tuple[tuple[int, int], list[Any]]]:
+    ) -> Plan[tuple[Version, list[Any]]]:
         """A scope's version and its rows past ``after``, as of one moment.
 
         Run as one transaction, the rows are those the version counts. They carry
@@ -389,7 +403,7 @@ class Catalog:
         exactly, in process).
         """
         version = yield from self.version_plan(condition)
-        rows = yield from self.rows_plan(condition, after, vectors=version[0] <= exact_limit)
+        rows = yield from self.rows_plan(condition, after, vectors=version.size <= exact_limit)
         return version, rows
 
     def models_plan(self, condition: Any) -> Plan[dict[str | None, int]]:

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tok
 from langchain_tiered_memory.text.similarity import similarities, unit_rows
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
+    Version,
     context_ids,
     from_bytes,
     shown,
@@ -56,6 +58,9 @@ Scope = Literal["session", "user"]
 EXACT_LIMIT = 20_000
 #: Scope indexes kept in process (least recently searched dropped first).
 CACHED_SCOPES = 64
+#: Seconds between two counts of a scope's models while it holds another model's
+#: rows (a reindex elsewhere rewrites rows in place, unseen by the scope's version).
+MODELS_RECHECK = 10.0
 #: How the memories of another model are embedded again.
 REINDEX = "call reindex() (CLI: tiered-memory --language <the tier's language> reindex)"
 #: The cosine above which a stored vector is what the model makes of its text.
@@ -83,7 +88,8 @@ class ScopeIndex:
     brings it up to date in place: read it while holding ``lock`` (``add`` takes it).
     """
 
-    version: tuple[int, int] = (0, 0)
+    #: The catalog's version of the scope the index holds (none yet: never read).
+    version: Version = field(default_factory=lambda: Version(-1, -1, -1))
     exact: bool = True
     bm25: BM25Index = field(default_factory=BM25Index)
     rows: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +104,8 @@ class ScopeIndex:
     foreign: dict[str, frozenset[str]] = field(default_factory=dict)
     #: Read again, whole, at the next search (a reindex elsewhere changed rows in place).
     stale: bool = False
+    #: When its models were last counted in the catalog (``time.monotonic()``).
+    models_counted: float = -MODELS_RECHECK
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def reset(self, exact: bool) -> None:
@@ -301,7 +309,7 @@ class MemorySearch:
         with self._lock:
             index = self._scopes.get(resolved.key)
             if index is None:
-                index = ScopeIndex(version=(-1, -1))
+                index = ScopeIndex()
                 self._scopes[resolved.key] = index
             self._scopes.move_to_end(resolved.key)
             while len(self._scopes) > CACHED_SCOPES:
@@ -309,27 +317,22 @@ class MemorySearch:
         with index.lock:
             if index.version == version and not index.stale:
                 return index
-            after = 0 if index.stale else max(index.version[1], 0)
+            after = 0 if index.stale else max(index.version.top, 0)
             version, rows = backup.run(
                 self.catalog.snapshot_plan(condition, after, self.exact_limit)
             )
             if index.version == version and not index.stale:
                 return index  # another search brought it here meanwhile
-            exact = version[0] <= self.exact_limit
-            if after:
-                # Rows past the cached seq are new memories or grown turns (a grown
-                # turn's row is re-inserted under a new seq, same id).
-                if index.exact == exact and version[0] >= index.version[0]:
-                    added = sum(1 for row in rows if row.id not in index.rows)
-                    if index.version[0] + added == version[0]:
-                        index.add(rows)
-                        index.version = version
-                        return index
-                # Memories were deleted (or the scope crossed exact_limit): read it whole.
+            exact = version.size <= self.exact_limit
+            if after and index.exact == exact and follows(index, version, rows):
+                index.add(rows)
+                index.version = version
+                return index
+            if after:  # memories were deleted (or the scope crossed exact_limit): read it whole
                 version, rows = backup.run(
                     self.catalog.snapshot_plan(condition, 0, self.exact_limit)
                 )
-                exact = version[0] <= self.exact_limit
+                exact = version.size <= self.exact_limit
             index.reset(exact)
             index.add(rows)
             index.version = version
@@ -472,14 +475,21 @@ class MemorySearch:
     def remodelled_elsewhere(self, resolved: ResolvedScope, index: ScopeIndex) -> bool:
         """Whether the scope's rows now count other models than the cached ones.
 
-        A reindex elsewhere rewrites rows in place, unseen by the scope's version;
-        asked while a scope holds another model's rows, whose words alone rank
-        them, so a search may never reach them to see it (see :func:`remodelled`).
+        A reindex elsewhere rewrites rows in place, unseen by the scope's version.
+        Asked while a scope holds another model's rows, whose words alone rank
+        them, so a search may never reach them to see it (see :func:`remodelled`);
+        at most once per :data:`MODELS_RECHECK` seconds, as the count reads the
+        whole scope.
         """
+        now = time.monotonic()
+        with index.lock:
+            if now - index.models_counted < MODELS_RECHECK:
+                return False
+            index.models_counted = now
         counts = self.catalog.backup.run(self.catalog.models_plan(resolved.condition))
         with index.lock:
             cached = {name: n for name, n in index.models.items() if n}
-            settled = sum(counts.values()) == index.version[0]  # no memory came meanwhile
+            settled = sum(counts.values()) == index.version.size  # no memory came meanwhile
         return settled and counts != cached
 
     def reload(self, resolved: ResolvedScope, index: ScopeIndex) -> ScopeIndex:
@@ -591,7 +601,7 @@ class MemorySearch:
             # which names a change of model size instead of hiding it.
             logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
             hits = []
-        scoped = index.rows if allowed is None else allowed  # rows are added, never removed
+        scoped = index.rows if allowed is None else allowed  # membership only
         dense = {
             doc_id: score for doc_id, score in hits if doc_id in scoped and doc_id not in foreign
         }
@@ -653,6 +663,20 @@ def query_vector(embedding: Embeddings, query: str) -> list[float]:
     last = embedding.embed_query(lines[-1])
     both = unit_rows([whole, last]).sum(axis=0)
     return [float(x) for x in unit_rows([both])[0]]
+
+
+def follows(index: ScopeIndex, version: Version, rows: Sequence[Any]) -> bool:
+    """Whether ``rows`` (past the index's highest seq) are all that changed since its version.
+
+    Each is a new memory or a grown turn (its row re-inserted under a new seq, same
+    id); the count and the sum of the seqs must then come out as ``version``'s.
+    Otherwise memories were deleted, or a lower seq committed late.
+    """
+    cached = index.rows
+    added = sum(1 for row in rows if row.id not in cached)
+    moved = sum(cached[row.id].seq for row in rows if row.id in cached)
+    total = index.version.total + sum(row.seq for row in rows) - moved
+    return index.version.size + added == version.size and total == version.total
 
 
 def remodelled(index: ScopeIndex, fresh: dict[str, Any]) -> bool:
