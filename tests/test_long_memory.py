@@ -894,19 +894,27 @@ def test_reindex_rebuilds_chroma_from_the_catalog(
     assert memory.collection.count() == 6
 
 
-class DamagedCollection:
-    """A Chroma collection as a kill mid-write leaves it: every call fails (chroma#5366)."""
+#: What Chroma raised after a kill mid-write: its HNSW files behind its log
+#: (chroma#5366), and (seen in a CI run of the SIGKILL test) its metadata file cut short.
+DAMAGE = [
+    "Error in compaction: Failed to apply logs to the hnsw segment writer",
+    "Error in compaction: Error constructing hnsw segment reader: Error creating hnsw segment "
+    "reader: Error deserializing pickle file: eval error at offset 0: EOF while parsing",
+]
 
-    def __init__(self, name: str) -> None:
+
+class DamagedCollection:
+    """A Chroma collection as a kill mid-write leaves it: every call fails."""
+
+    def __init__(self, name: str, message: str = DAMAGE[0]) -> None:
         self.name = name
+        self.message = message
 
     def __getattr__(self, method: str) -> Any:
         from chromadb.errors import InternalError
 
         def fail(*args: Any, **kwargs: Any) -> Any:
-            raise InternalError(
-                "Error in compaction: Failed to apply logs to the hnsw segment writer"
-            )
+            raise InternalError(self.message)
 
         return fail
 
@@ -947,8 +955,13 @@ def test_reindex_of_a_damaged_chroma_collection_rebuilds_it(
 
 
 @pytest.mark.parametrize("first", ["search", "write", "forget"])
+@pytest.mark.parametrize("damage", DAMAGE, ids=["behind-log", "pickle-cut"])
 def test_a_damaged_chroma_collection_is_rebuilt_from_the_catalog(
-    make_memory: MakeMemory, backup: MySQLBackup, first: str, caplog: pytest.LogCaptureFixture
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    first: str,
+    damage: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     memory = make_memory()
     memory.exact_limit = 0  # every search asks Chroma
@@ -958,7 +971,7 @@ def test_a_damaged_chroma_collection_is_rebuilt_from_the_catalog(
     embedded: list[str] = []
     embed = memory.embedding.embed_documents
     memory.embedding.embed_documents = lambda texts: embedded.extend(texts) or embed(texts)  # type: ignore[method-assign]
-    memory.collection = DamagedCollection(memory.collection.name)
+    memory.collection = DamagedCollection(memory.collection.name, damage)
     with caplog.at_level("WARNING"):
         if first == "search":
             [doc] = memory.search("AR table due date", session_id="s2", k=1)

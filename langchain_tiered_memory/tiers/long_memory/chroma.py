@@ -52,16 +52,27 @@ def make_chroma_client(
     return chromadb.PersistentClient(path=str(path), settings=chroma_settings())
 
 
+#: What Chroma says when a collection's local HNSW files are damaged.
+DAMAGE = (
+    "Failed to apply logs",  # the files are behind the write-ahead log
+    "hnsw segment reader",  # they cannot be read at all
+    "hnsw segment writer",
+    "Error deserializing pickle file",  # its metadata file is cut short
+)
+
+
 def is_damaged(exc: BaseException) -> bool:
-    """Whether Chroma failed because its local index cannot replay its own log.
+    """Whether Chroma failed because the collection's local HNSW files are damaged.
 
     A process killed in the middle of an embedded ``PersistentClient`` write can
-    leave the collection's HNSW files behind its write-ahead log; from then on
-    every read and write of the collection fails with ``InternalError: ... Failed
-    to apply logs to the hnsw segment writer`` (chroma-core/chroma#5366). Only a
-    new collection recovers, which the catalog can fill.
+    leave the collection's HNSW files behind its write-ahead log, or its metadata
+    file cut short; from then on every read and write of the collection fails with
+    an ``InternalError`` such as ``... Failed to apply logs to the hnsw segment
+    writer`` (chroma-core/chroma#5366) or ``... Error constructing hnsw segment
+    reader: ... Error deserializing pickle file``. Only a new collection recovers,
+    which the catalog can fill.
     """
-    return type(exc).__name__ == "InternalError" and "Failed to apply logs" in str(exc)
+    return type(exc).__name__ == "InternalError" and any(sign in str(exc) for sign in DAMAGE)
 
 
 def is_gone(exc: BaseException) -> bool:
