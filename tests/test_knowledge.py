@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,8 +54,8 @@ def make_kb(chroma_client: Any) -> Iterator[MakeKB]:
         return kb
 
     yield make
-    for kb in made:
-        kb.client.delete_collection(kb.collection.name)
+    for name in {kb.collection.name for kb in made}:
+        chroma_client.delete_collection(name)
 
 
 def all_chunks(kb: KnowledgeBase) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -437,3 +439,97 @@ def test_importing_the_package_does_not_import_the_splitters() -> None:
     )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+class _Watched:
+    """A collection whose upserts announce themselves and whose reads can be held back."""
+
+    def __init__(
+        self,
+        inner: Any,
+        stored: threading.Event,
+        hold_reads_until: threading.Event | None = None,
+    ) -> None:
+        self._inner = inner
+        self._stored = stored
+        self._hold = hold_reads_until
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def upsert(self, **kwargs: Any) -> None:
+        self._inner.upsert(**kwargs)
+        self._stored.set()
+
+    def get(self, **kwargs: Any) -> Any:
+        if self._hold is not None:
+            self._hold.wait(2.0)
+        return self._inner.get(**kwargs)
+
+
+class _Gated(HashEmbeddings):
+    """Embeds only once ``gate`` is set (or 2 s have passed)."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self._gate = gate
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self._gate.wait(2.0)
+        return super().embed_documents(texts)
+
+
+def stored_texts(kb: KnowledgeBase) -> list[str]:
+    """The texts of the collection's chunks, in chunk order."""
+    chunks = sorted(all_chunks(kb).values(), key=lambda chunk: chunk[1]["chunk"])
+    return [text for text, _ in chunks]
+
+
+@pytest.mark.parametrize("long_by", ["add_texts", "add_files"])
+def test_two_versions_of_one_source_written_at_once_leave_one_whole(
+    make_kb: MakeKB, tmp_path: Path, long_by: str
+) -> None:
+    """Two knowledge bases on one collection write a short and a long version of one
+    source at once. Without turns, the short writer's delete (of everything beyond its
+    own end) ran after the long writer's upsert: the long version's first chunks stayed
+    and the rest were deleted."""
+    path = tmp_path / "policy.txt"
+    short = "Invoices are due in 30 days. Pay by bank transfer."
+    long = " ".join(f"Clause {n}: reminders go out on day {n * 7}." for n in range(1, 11))
+    path.write_text(long, encoding="utf-8")
+    versions = []
+    for text in (short, long):
+        alone = make_kb(chunk_size=40, chunk_overlap=0)
+        alone.add_texts([text], [{"source": "alone"}])
+        versions.append(stored_texts(alone))
+    assert len(versions[1]) > len(versions[0]) > 1
+
+    short_stored, long_stored = threading.Event(), threading.Event()
+    kb_short = make_kb(chunk_size=40, chunk_overlap=0)
+    kb_long = make_kb(
+        chunk_size=40,
+        chunk_overlap=0,
+        collection_name=kb_short.collection.name,
+        embedding=_Gated(short_stored),  # the long version is stored after the short one
+    )
+    # ... and the short writer looks for chunks to delete after the long one's upsert.
+    kb_short.collection = _Watched(kb_short.collection, short_stored, long_stored)
+    kb_long.collection = _Watched(kb_long.collection, long_stored)
+    source = str(path.resolve())
+
+    def write_long() -> None:
+        if long_by == "add_files":
+            kb_long.add_files([path])
+        else:
+            kb_long.add_texts([long], [{"source": source}])
+
+    writers = [
+        threading.Thread(target=kb_short.add_texts, args=([short], [{"source": source}])),
+        threading.Thread(target=write_long),
+    ]
+    for writer in writers:
+        writer.start()
+        time.sleep(0.05)
+    for writer in writers:
+        writer.join(10)
+    assert stored_texts(kb_short) in versions

@@ -10,7 +10,9 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,10 @@ UPSERT_BATCH = 512
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
+#: Writers of one source in this process take turns: two versions written at once
+#: would otherwise leave the first chunks of one and delete the rest (each deletes
+#: what is beyond its own end). Striped by collection and source, so the set stays small.
+SOURCE_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -198,6 +204,16 @@ class KnowledgeBase:
 
     # -- writing -----------------------------------------------------------------
 
+    @contextmanager
+    def _writing(self, sources: Iterable[Any]) -> Iterator[None]:
+        """Hold the locks of ``sources`` in this collection (in one order: no deadlock)."""
+        collection = str(self.collection.id)
+        stripes = sorted({hash((collection, str(s))) % len(SOURCE_LOCKS) for s in sources})
+        with ExitStack() as held:
+            for stripe in stripes:
+                held.enter_context(SOURCE_LOCKS[stripe])
+            yield
+
     def _upsert(self, ids: list[str], chunks: list[str], metadatas: list[dict[str, Any]]) -> None:
         model = model_name(self.embedding)
         for start in range(0, len(ids), UPSERT_BATCH):
@@ -264,9 +280,10 @@ class KnowledgeBase:
             ids += chunk_ids(key, len(chunks))
             all_chunks += chunks
             all_metadatas += chunk_metadatas
-        self._upsert(ids, all_chunks, all_metadatas)  # one batch: the model embeds them together
-        for source, _, _ in documents.values():
-            if source is not None:  # after the new chunks are stored: never a moment with none
+        sources = [source for source, _, _ in documents.values() if source is not None]
+        with self._writing(sources):
+            self._upsert(ids, all_chunks, all_metadatas)  # one batch: embedded together
+            for source in sources:  # after the new chunks are stored: never a moment with none
                 self._delete_where({"source": source}, keep=set(ids))
         return ids
 
@@ -318,8 +335,9 @@ class KnowledgeBase:
                 for index in range(len(chunks))
             ]
             ids = chunk_ids(source, len(chunks))
-            self._upsert(ids, chunks, metadatas)
-            self._delete_where({"source": source}, keep=set(ids))  # after: never none
+            with self._writing([source]):
+                self._upsert(ids, chunks, metadatas)
+                self._delete_where({"source": source}, keep=set(ids))  # after: never none
             all_ids += ids
         return all_ids
 
@@ -348,7 +366,8 @@ class KnowledgeBase:
             How many chunks were deleted.
         """
         sources = sorted({str(path), _source_of(path)})
-        return self._delete_where({"source": {"$in": sources}})
+        with self._writing(sources):
+            return self._delete_where({"source": {"$in": sources}})
 
     # -- reading -----------------------------------------------------------------
 
