@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import ModelRetryMiddleware
+from langchain.agents.middleware import ModelRetryMiddleware, SummarizationMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
@@ -32,7 +33,6 @@ from langchain_tiered_memory import (
     TieredMemoryMiddleware,
 )
 from langchain_tiered_memory.core.validation import InvalidSessionDateError
-from langchain_tiered_memory.integrations import middleware as middleware_module
 from langchain_tiered_memory.tiers.compression import validate_conversation
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -126,9 +126,11 @@ def test_a_run_is_archived_with_its_tool_pair(backup: MySQLBackup) -> None:
 async def test_archived_exactly_once_across_runs_on_a_thread(
     backup: MySQLBackup, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The archive-side guard (for stateless re-sends) looks at the last turn only
-    # here, so the thread's own bookkeeping must keep earlier runs out.
-    monkeypatch.setattr(middleware_module, "MAX_TAIL_TURNS", 1)
+    # The archive-side guard (for stateless re-sends) is off here, so the thread's
+    # own bookkeeping must keep earlier runs out.
+    monkeypatch.setattr(
+        TieredMemoryMiddleware, "_drop_known", staticmethod(lambda fresh, tail: fresh)
+    )
     model = script(call("A-1", "c1"), "12 units.", call("B-2", "c2"), "None left.", "Bye.")
     agent = create_agent(
         model,
@@ -307,23 +309,122 @@ def test_a_refused_tool_result_in_the_input_goes_with_its_call(backup: MySQLBack
     assert backup.get_messages("t1") == state
 
 
+def behind_a_model_retry(model: ToolCallingModel, backup: MySQLBackup, **options: Any) -> Any:
+    """An agent whose model calls a ModelRetryMiddleware retries (after 1 s, then 2 s)."""
+    return create_agent(
+        model,
+        [],
+        middleware=[
+            ModelRetryMiddleware(max_retries=2, initial_delay=1.0),
+            TieredMemoryMiddleware(backup=backup),
+        ],
+        **options,
+    )
+
+
 def test_a_refusal_reaches_the_caller_through_a_model_retry_middleware(
     backup: MySQLBackup,
 ) -> None:
     model = script("Answer.")
-    agent = create_agent(
-        model,
-        [],
-        middleware=[
-            ModelRetryMiddleware(max_retries=2, initial_delay=0.01),
-            TieredMemoryMiddleware(backup=backup),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = behind_a_model_retry(model, backup, checkpointer=InMemorySaver())
     bad = {"messages": [HumanMessage("notes", additional_kwargs={"session_date": "tuesday"})]}
     with pytest.raises(InvalidSessionDateError):
         agent.invoke(bad, thread("t1"))
     assert model.prompts == [] and backup.get_messages("t1") == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_messages_a_summarization_middleware_removes_mid_run_are_archived(
+    backup: MySQLBackup, mode: str
+) -> None:
+    # SummarizationMiddleware replaces the thread's messages before a model call;
+    # archived only after the run, the question and the first tool pairs were lost.
+    model = script(call("A-1", "c1"), call("B-2", "c2"), call("A-1", "c3"), "All checked.")
+    summarize = SummarizationMiddleware(
+        GenericFakeChatModel(messages=iter(["SUMMARY"] * 10)),
+        trigger=("messages", 6),
+        keep=("messages", 2),
+    )
+    agent = create_agent(
+        model,
+        [stock_level],
+        middleware=[TieredMemoryMiddleware(backup=backup, compressor=False), summarize],
+        checkpointer=InMemorySaver(),
+    )
+    question = ask("Stock of A-1, B-2 and A-1 again?")
+    if mode == "sync":
+        result = agent.invoke(question, thread("t1"))
+    else:
+        result = await agent.ainvoke(question, thread("t1"))
+
+    assert "SUMMARY" in text_of(result["messages"])  # the summary did replace messages
+    archived = backup.get_messages("t1")
+    assert roles(archived) == ["human"] + ["ai", "tool"] * 3 + ["ai"]
+    assert archived[0].content == "Stock of A-1, B-2 and A-1 again?"
+    assert [m.tool_call_id for m in archived if isinstance(m, ToolMessage)] == ["c1", "c2", "c3"]
+    assert "SUMMARY" not in text_of(archived)
+    validate_conversation(archived)
+    if mode == "async":
+        await backup.adispose()
+
+
+def test_a_question_edited_by_time_travel_is_archived_before_its_answer(
+    backup: MySQLBackup,
+) -> None:
+    model = script("Paris.", "Rome.")
+    agent = create_agent(
+        model, [], middleware=[TieredMemoryMiddleware(backup=backup)], checkpointer=InMemorySaver()
+    )
+    config = thread("t1")
+    question = agent.invoke(ask("Capital of France?"), config)["messages"][0]
+    # LangGraph's time travel: the checkpoint before the model ran, the question
+    # replaced under its id, the run resumed from there.
+    before = next(
+        snapshot
+        for snapshot in agent.get_state_history(config)
+        if snapshot.next and snapshot.next[0].endswith("before_model")
+    )
+    forked = agent.update_state(
+        before.config, {"messages": [HumanMessage("Capital of Italy?", id=question.id)]}
+    )
+    agent.invoke(None, forked)
+
+    archived = backup.get_messages("t1")
+    assert [m.content for m in archived] == [
+        "Capital of France?",
+        "Paris.",
+        "Capital of Italy?",
+        "Rome.",
+    ]
+
+
+def test_a_stateless_conversation_longer_than_a_hundred_turns_is_archived_once(
+    backup: MySQLBackup,
+) -> None:
+    turns = 105
+    model = script(*[f"answer {n}" for n in range(turns)])
+    agent = create_agent(model, [], middleware=[TieredMemoryMiddleware(backup=backup)])
+    messages: list[BaseMessage] = []
+    for n in range(turns):  # no checkpointer: the caller sends the conversation back
+        messages = agent.invoke(
+            {"messages": [*messages, HumanMessage(f"question {n}")]}, thread("t1")
+        )["messages"]
+
+    archived = backup.get_messages("t1")
+    assert [m.content for m in archived] == [m.content for m in messages]
+    assert len(archived) == 2 * turns
+
+
+def test_a_missing_session_is_raised_at_once_through_a_model_retry_middleware(
+    backup: MySQLBackup,
+) -> None:
+    model = script("Answer.")
+    agent = behind_a_model_retry(model, backup)
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="needs a session"):
+        agent.invoke(ask("hi"))  # no thread_id
+    assert time.perf_counter() - started < 1.0  # not retried with a back-off
+    assert model.prompts == []
 
 
 # -- before each call: memories for this call only ------------------------------------
@@ -525,10 +626,12 @@ def test_a_prompt_too_large_even_compressed_is_refused(backup: MySQLBackup) -> N
         [stock_level],
         middleware=[TieredMemoryMiddleware(backup=backup, compressor=compressor)],
     )
+    question = "Please list " + "every invoice " * 40
     with pytest.raises(ContextOverflowError, match="over the limit of 30"):
-        agent.invoke(ask("Please list " + "every invoice " * 40), thread("t1"))
+        agent.invoke(ask(question), thread("t1"))
     assert model.prompts == []
-    assert backup.get_messages("t1") == []  # the run failed: nothing to archive
+    # The run failed: what the user asked is kept (archived before the model call).
+    assert [m.text for m in backup.get_messages("t1")] == [question]
 
 
 def test_compression_can_be_turned_off(backup: MySQLBackup) -> None:

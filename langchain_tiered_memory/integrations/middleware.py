@@ -3,14 +3,16 @@
 Before each model call the session's ``MEMORY.md`` and the long-term memories
 relevant to the latest user message are added to the system message of that call
 only (the agent state is not touched), and the call's prompt is compressed by a
-:class:`~langchain_tiered_memory.ContextCompressor` when it is over budget. After
-the run, the messages the run added to the thread are archived, once, into the
-session's :class:`~langchain_tiered_memory.TieredChatMessageHistory`, which queues
-their extraction into long-term memory.
+:class:`~langchain_tiered_memory.ContextCompressor` when it is over budget. Before
+each model call and after the run, the thread's messages not archived yet are
+archived, once, into the session's
+:class:`~langchain_tiered_memory.TieredChatMessageHistory`, which queues their
+extraction into long-term memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, NotRequired
@@ -39,6 +41,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import override
 
 from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.steps import Call, StepPlan, arun, run
 from langchain_tiered_memory.core.validation import (
     InvalidSessionDateError,
@@ -65,7 +68,6 @@ REFUSED_KEY: Final = "tiered_memory_refused"
 REFUSALS: Final[dict[str, type[Exception]]] = {
     error.__name__: error for error in (TypeError, ValueError, InvalidSessionDateError)
 }
-MAX_TAIL_TURNS = 100  # archive turns compared against a run's messages (stateless re-sends)
 MAX_CACHED_COMPRESSORS = 32
 
 if TYPE_CHECKING:
@@ -74,10 +76,10 @@ if TYPE_CHECKING:
 
 
 class TieredMemoryState(AgentState[Any]):
-    """The agent state plus the ids of the thread's messages already archived.
+    """The agent state plus the fingerprints of the thread's messages already archived.
 
     With a checkpointer the list survives between runs on a thread, so a message
-    is archived once however many runs see it.
+    is archived once however many runs see it (see :func:`fingerprint`).
     """
 
     tiered_memory_archived: NotRequired[Annotated[list[str], PrivateStateAttr]]
@@ -120,6 +122,25 @@ def _merge_system(messages: Sequence[SystemMessage]) -> SystemMessage | None:
             else:
                 content.extend(part)
     return first.model_copy(update={"content": content})
+
+
+def fingerprint(message: BaseMessage) -> str:
+    """A message's id and what it says.
+
+    A message edited under its id (LangGraph's time travel: ``update_state`` with
+    the id of the message to replace) is another message: it is archived too.
+    """
+    said = exact_json(
+        [
+            message.type,
+            message.content,
+            getattr(message, "tool_calls", None) or [],
+            getattr(message, "tool_call_id", None),
+        ],
+        stand_ins=True,
+    )
+    content = hashlib.sha256(said.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{message.id}#{content}"
 
 
 def _archivable(message: BaseMessage) -> bool:
@@ -189,13 +210,17 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
       the compressor's budget, older messages are replaced by its structured
       summary, never separating a tool result from its call. The agent state
       keeps every message.
-    * **After the run** (``after_agent``): the human, AI and tool messages the run
-      added to the thread are archived into the session's
+    * **Before each model call and after the run** (``before_model``,
+      ``after_agent``): the human, AI and tool messages of the thread not archived
+      yet are archived into the session's
       :class:`~langchain_tiered_memory.TieredChatMessageHistory` (durably, in
       order, so tool pairs stay together), which queues their extraction into
-      long-term memory. Their ids are kept in a private state key, so with a
-      checkpointer a message is archived once across runs; without one, messages
-      re-sent with their ids are recognised in the archive's recent turns.
+      long-term memory. Archiving before each call keeps what a middleware listed
+      after this one (summarization, trimming) removes from the state: list this
+      one first. The messages' ids and contents are kept in a private state key,
+      so with a checkpointer a message is archived once across runs; without one,
+      messages re-sent with their ids are recognised in the archive's last turns.
+      A message edited under its id is archived as a new one.
 
     The session is ``config["configurable"]["session_id"]``, falling back to
     ``config["configurable"]["thread_id"]``; a runtime context (``context=`` of
@@ -340,9 +365,8 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     # -- before each model call -------------------------------------------------
 
     def _context(self, history: TieredChatMessageHistory, query: str | None) -> str:
-        # Before the first model call, not only when the run is archived: another
-        # user's session is refused before anything is sent or read.
-        history.check_owner(write=True)
+        # The owner was checked in before_model: another user's session is refused
+        # before anything is sent or read.
         memories: list[Document] = []
         if self.long_memory is not None and query is not None:
             memories = history.search_memories(query, k=self.k, scope=self.scope)
@@ -473,43 +497,66 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         if refused:
             raise REFUSALS.get(refused["error"], ValueError)(refused["message"])
 
-    @override
-    def before_model(self, state: TieredMemoryState, runtime: Runtime[Any]) -> None:
-        """Raise the refusal of the run's input, before the model is called."""
+    def _before_model_plan(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> StepPlan[dict[str, Any] | None]:
+        # Raised from a graph node, not from inside the model call (a retry
+        # middleware would take them for model errors): a refused input, a missing
+        # or unusable session, another user's session.
         self._raise_refusal(state)
+        history = self.history(runtime)
+        yield Call(
+            lambda: history.check_owner(write=True),
+            lambda: history.acheck_owner(write=True),
+        )
+        return (yield from self._archive_plan(state, history))
 
     @override
-    async def abefore_model(self, state: TieredMemoryState, runtime: Runtime[Any]) -> None:
-        """Async :meth:`before_model`."""
-        self._raise_refusal(state)
+    def before_model(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Check the run's input and session, and archive the thread's new messages."""
+        return run(self._before_model_plan(state, runtime))
+
+    @override
+    async def abefore_model(
+        self, state: TieredMemoryState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Async :meth:`before_model`, on the archive's async driver."""
+        return await arun(self._before_model_plan(state, runtime))
 
     # -- after the run ----------------------------------------------------------
 
     @staticmethod
     def _unarchived(state: TieredMemoryState) -> tuple[list[BaseMessage], list[str]]:
-        """The thread's messages not archived yet, and the ids of all of them."""
+        """The thread's messages not archived yet, and the fingerprints of all of them."""
         messages = state["messages"]
+        # A bare id: recorded by a version that kept ids only.
         archived = set(state.get(ARCHIVED_KEY) or ())
         fresh: list[BaseMessage] = [
-            m for m in messages if (m.id is None or m.id not in archived) and _archivable(m)
+            m
+            for m in messages
+            if (m.id is None or (m.id not in archived and fingerprint(m) not in archived))
+            and _archivable(m)
         ]
-        return fresh, [m.id for m in messages if m.id is not None]
+        return fresh, [fingerprint(m) for m in messages if m.id is not None]
 
     @staticmethod
     def _tail_turns(fresh: Sequence[BaseMessage]) -> int:
-        return min(len(split_turns(fresh)) + 1, MAX_TAIL_TURNS)
+        # As many turns as were sent (a stateless caller re-sends them all), and one
+        # more for a turn the first of them continues.
+        return len(split_turns(fresh, keep_leading=True)) + 1
 
     @staticmethod
     def _drop_known(fresh: list[BaseMessage], tail: Sequence[BaseMessage]) -> list[BaseMessage]:
         # Without a checkpointer a caller may re-send earlier messages (with their
         # ids) as input: those are in the archive already.
-        known = {m.id for m in tail if m.id is not None}
-        return [m for m in fresh if m.id is None or m.id not in known]
+        known = {fingerprint(m) for m in tail if m.id is not None}
+        return [m for m in fresh if m.id is None or fingerprint(m) not in known]
 
     def _archive_plan(
-        self, state: TieredMemoryState, runtime: Runtime[Any]
+        self, state: TieredMemoryState, history: TieredChatMessageHistory
     ) -> StepPlan[dict[str, Any] | None]:
-        history = self.history(runtime)
         session_id, user_id = history.session_id, history.user_id
         fresh, ids = self._unarchived(state)
         # A message made during the run (a tool's) that the archive refuses is
@@ -537,12 +584,12 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
 
     @override
     def after_agent(self, state: TieredMemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        """Archive the messages this run added to the thread (which queues extraction)."""
-        return run(self._archive_plan(state, runtime))
+        """Archive the thread's messages not archived yet (which queues extraction)."""
+        return run(self._archive_plan(state, self.history(runtime)))
 
     @override
     async def aafter_agent(
         self, state: TieredMemoryState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """Async :meth:`after_agent`, on the archive's async driver."""
-        return await arun(self._archive_plan(state, runtime))
+        return await arun(self._archive_plan(state, self.history(runtime)))
