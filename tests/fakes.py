@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import re
 from collections.abc import Iterator, Sequence
+from functools import reduce
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -16,8 +19,9 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     ToolMessage,
+    message_chunk_to_message,
 )
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
@@ -205,3 +209,28 @@ class ScriptedChatModel(RecordingChatModel):
 
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+
+class ChunkedChatModel(BaseChatModel):
+    """Streams each scripted reply as its chunks; ``invoke`` answers their sum.
+
+    For replies whose streamed shape ``ScriptedChatModel`` cannot make: content
+    blocks numbered by ``index`` (Anthropic's thinking and text), reasoning in
+    ``additional_kwargs`` (DeepSeek's ``reasoning_content``).
+    """
+
+    replies: list[list[AIMessageChunk]]
+
+    @property
+    def _llm_type(self) -> str:
+        return "chunked-fake"
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        message = message_chunk_to_message(reduce(operator.add, self.replies.pop(0)))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> Iterator[ChatGenerationChunk]:
+        for chunk in self.replies.pop(0):
+            yield ChatGenerationChunk(message=chunk)

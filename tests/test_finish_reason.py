@@ -2,16 +2,19 @@
 
 ``ScriptedChatModel`` (tests/fakes.py: a ``GenericFakeChatModel`` whose replies keep
 their ``response_metadata`` when streamed, the finish reason on the last chunk as real
-providers send it) stands in for the LLM.
+providers send it) stands in for the LLM; ``ChunkedChatModel`` streams replies in shapes
+it cannot make (indexed content blocks, reasoning in ``additional_kwargs``).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -33,7 +36,7 @@ from langchain_tiered_memory.integrations.finish_reason import (
     is_truncated,
 )
 
-from .fakes import USAGE, ScriptedChatModel, cut, done
+from .fakes import USAGE, ChunkedChatModel, ScriptedChatModel, cut, done
 
 
 def scripted(*answers: AIMessage | str, **kwargs: Any) -> ScriptedChatModel:
@@ -49,6 +52,15 @@ def total(chunks: list[AIMessageChunk]) -> AIMessageChunk:
     for chunk in chunks[1:]:
         result = result + chunk
     return result
+
+
+def invoke_and_stream(
+    model: Callable[[], BaseChatModel], question: str = "q"
+) -> tuple[AIMessage, AIMessageChunk]:
+    """The handler's answer by ``invoke`` and by summing its ``stream``, each on a fresh model."""
+    invoked = FinishReasonHandler(model()).invoke(question)
+    streamed = total(list(FinishReasonHandler(model()).stream(question)))
+    return invoked, streamed
 
 
 class GeminiFinishReason(enum.Enum):
@@ -263,6 +275,123 @@ def test_streams_inside_an_lcel_sequence() -> None:
     assert len(chunks) > 2
     assert total(chunks).content == "a b c d"
     assert model.prompts[0] == [HumanMessage("letters")]
+
+
+def test_stream_of_a_model_that_does_not_stream_sums_to_invoke() -> None:
+    # disable_streaming=True: BaseChatModel.stream falls back to invoke, one whole AIMessage.
+    invoked, streamed = invoke_and_stream(
+        lambda: scripted(cut("one"), done(" two"), disable_streaming=True)
+    )
+    assert streamed.content == invoked.content == "one two"
+    assert streamed.usage_metadata == invoked.usage_metadata
+    assert streamed.usage_metadata is not None
+    assert streamed.usage_metadata["output_tokens"] == 2 * USAGE["output_tokens"]
+    assert streamed.response_metadata == invoked.response_metadata
+
+
+@pytest.mark.parametrize("finish", ["tool_calls", "length"])
+def test_stream_keeps_the_tool_call_of_a_model_that_does_not_stream_tools(finish: str) -> None:
+    # ChatOpenAI(disable_streaming="tool_calling") and the like: with tools bound, stream()
+    # falls back to invoke() and yields one whole AIMessage.
+    call = AIMessage(
+        "",
+        tool_calls=[{"name": "lookup", "args": {"table": "ar"}, "id": "call-1"}],
+        response_metadata={"finish_reason": finish},
+        usage_metadata=USAGE,
+        id="chatcmpl-1",
+    )
+    model = scripted(call, done("unused"), disable_streaming="tool_calling")
+    answer = total(list(FinishReasonHandler(model).bind_tools([lookup]).stream("look it up")))
+    assert answer.tool_calls == call.tool_calls
+    assert answer.usage_metadata == USAGE
+    assert answer.id == "chatcmpl-1"
+    # A tool call is never continued, not even one the limit cut.
+    assert len(model.prompts) == 1
+    assert mark(answer) == {"continuations": 0, "truncated": finish == "length"}
+
+
+def anthropic_reply(thinking: str, signature: str, text: str, stop: str) -> list[AIMessageChunk]:
+    """A reply streamed as langchain-anthropic streams it: every block delta carries its index."""
+    meta = {"model_provider": "anthropic"}
+    return [
+        AIMessageChunk(
+            [{"type": "thinking", "thinking": thinking, "index": 0}], response_metadata=meta
+        ),
+        AIMessageChunk(
+            [{"type": "thinking", "thinking": "", "signature": signature, "index": 0}],
+            response_metadata=meta,
+        ),
+        AIMessageChunk([{"type": "text", "text": text, "index": 1}], response_metadata=meta),
+        AIMessageChunk(
+            [],
+            response_metadata={**meta, "stop_reason": stop, "stop_sequence": None},
+            chunk_position="last",
+        ),
+    ]
+
+
+def test_each_part_keeps_its_own_thinking_block_and_signature() -> None:
+    invoked, streamed = invoke_and_stream(
+        lambda: ChunkedChatModel(
+            replies=[
+                anthropic_reply("plan A", "SIG_A", "The AR table has", "max_tokens"),
+                anthropic_reply("plan B", "SIG_B", " three columns.", "end_turn"),
+            ]
+        )
+    )
+    for answer in (invoked, streamed):
+        assert answer.text == "The AR table has three columns."
+        thinking = [
+            (block["thinking"], block["signature"])
+            for block in answer.content
+            if isinstance(block, dict) and block["type"] == "thinking"
+        ]
+        # Anthropic rejects a thinking block sent back with another signature ("SIG_ASIG_B").
+        assert thinking == [("plan A", "SIG_A"), ("plan B", "SIG_B")]
+    assert streamed.content == invoked.content
+
+
+def deepseek_reply(reasoning: str, text: str, **metadata: Any) -> list[AIMessageChunk]:
+    """A reply streamed as langchain-deepseek streams it: the reasoning in additional_kwargs."""
+    return [
+        AIMessageChunk("", additional_kwargs={"reasoning_content": reasoning}),
+        AIMessageChunk(text),
+        AIMessageChunk(
+            "",
+            response_metadata={"model_name": "deepseek-reasoner", **metadata},
+            chunk_position="last",
+        ),
+    ]
+
+
+def test_stream_and_invoke_keep_every_parts_reasoning_and_the_last_parts_metadata() -> None:
+    invoked, streamed = invoke_and_stream(
+        lambda: ChunkedChatModel(
+            replies=[
+                deepseek_reply(
+                    "Tables first. ",
+                    "The AR table has",
+                    finish_reason="length",
+                    system_fingerprint="fp_1",
+                ),
+                deepseek_reply(
+                    "Then columns.",
+                    " three columns.",
+                    finish_reason="stop",
+                    system_fingerprint="fp_2",
+                ),
+            ]
+        )
+    )
+    for answer in (invoked, streamed):
+        assert answer.content == "The AR table has three columns."
+        assert answer.additional_kwargs == {"reasoning_content": "Tables first. Then columns."}
+        assert answer.response_metadata == {
+            "model_name": "deepseek-reasoner",
+            "finish_reason": "stop",
+            "system_fingerprint": "fp_2",  # the last part's, as its finish reason
+            MARK_KEY: {"continuations": 1, "truncated": False},
+        }
 
 
 # -- pass-through ------------------------------------------------------------------

@@ -26,7 +26,6 @@ times, and returns one message. The final message records what happened under
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from functools import reduce
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from langchain_core.language_models import LanguageModelInput
@@ -38,7 +37,7 @@ from langchain_core.messages import (
     convert_to_messages,
     message_chunk_to_message,
 )
-from langchain_core.messages.ai import add_usage
+from langchain_core.messages.ai import add_ai_message_chunks
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 
@@ -59,8 +58,6 @@ MARK_KEY = "tiered_memory"
 FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason", "stopReason", "finishReason")
 #: Values (lower-cased) that mean "stopped at the output-token limit".
 TRUNCATED_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
-# The OpenAI Responses API reports the limit here instead.
-_INCOMPLETE_KEYS = ("status", "incomplete_details")
 
 
 def _reason_text(value: Any) -> str | None:
@@ -123,104 +120,167 @@ def as_ai(value: Any) -> AIMessage:
 
 
 def _as_chunk(value: Any) -> AIMessageChunk:
+    """``value`` as an ``AIMessageChunk`` that keeps every field of the message.
+
+    A model that does not stream (``disable_streaming``, no ``_stream``, a
+    ``RunnableLambda``) yields one whole ``AIMessage`` from ``stream``; its tool
+    calls, usage, id and ``additional_kwargs`` must survive, or a tool call would
+    vanish from the stream and a cut one would be continued.
+    """
     if isinstance(value, AIMessageChunk):
         return value
-    if isinstance(value, BaseMessage):
-        return AIMessageChunk(content=value.content, response_metadata=value.response_metadata)
-    return AIMessageChunk(content=str(value))
-
-
-def _blocks(content: str | list[Any]) -> list[Any]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    return list(content)
-
-
-def _join_content(contents: Sequence[str | list[Any]]) -> str | list[Any]:
-    if all(isinstance(content, str) for content in contents):
-        return "".join(contents)  # type: ignore[arg-type]
-    return [block for content in contents for block in _blocks(content)]
-
-
-def _finish_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in metadata.items() if k in FINISH_KEYS or k in _INCOMPLETE_KEYS}
+    # The chunk's validator turns ``tool_calls`` into ``tool_call_chunks``, so a
+    # sum of chunks parses them back.
+    return AIMessageChunk(**as_ai(value).model_dump(exclude={"type"}))
 
 
 def _mark(continuations: int, truncated: bool) -> dict[str, Any]:
     return {MARK_KEY: {"continuations": continuations, "truncated": truncated}}
 
 
-def stitch(parts: Sequence[AIMessage]) -> AIMessage:
-    """Join an answer and its continuations into one marked ``AIMessage``.
+#: ``response_metadata`` keys sent with every chunk: chunk addition keeps one of two
+#: equal values of these, and a chunk's ``content_blocks`` reads them.
+_LIVE_KEYS = ("model_provider", "output_version")
 
-    Content is concatenated; usage is summed; the finish reason, tool calls and
-    other response metadata are the last part's; id, name and
-    ``additional_kwargs`` are the first part's.
+
+def _moved(index: Any, offset: int, part: int) -> Any:
+    """A block ``index`` of the ``part``-th part (from 0), moved past earlier parts' indexes.
+
+    ``merge_lists`` merges list items whose ``index`` is equal and an int or an
+    ``"lc_"`` string; ints are shifted by ``offset``, ``"lc_"`` strings (OpenAI
+    Responses in v1) get the part's number.
     """
-    if not parts:
-        msg = "stitch needs at least one part"
-        raise ValueError(msg)
-    first, last = parts[0], parts[-1]
-    mark = _mark(len(parts) - 1, is_truncated(last))
-    if len(parts) == 1:
-        return first.model_copy(update={"response_metadata": {**first.response_metadata, **mark}})
-    usages = [part.usage_metadata for part in parts if part.usage_metadata]
-    return AIMessage(
-        content=_join_content([part.content for part in parts]),
-        id=first.id,
-        name=first.name,
-        additional_kwargs=dict(first.additional_kwargs),
-        response_metadata={**last.response_metadata, **mark},
-        tool_calls=list(last.tool_calls),
-        invalid_tool_calls=list(last.invalid_tool_calls),
-        usage_metadata=reduce(add_usage, usages) if usages else None,
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index + offset
+    if part and isinstance(index, str) and index.startswith("lc_"):
+        return f"{index}_{part}"
+    return index
+
+
+def _renumbered(chunk: AIMessageChunk, offset: int, part: int) -> AIMessageChunk:
+    """``chunk`` with the indexes of its content blocks and tool-call chunks moved.
+
+    Every part numbers its blocks from 0, and ``AIMessageChunk`` addition merges
+    blocks with the same index: a continuation's thinking block would be merged
+    into the first part's, their signatures concatenated.
+    """
+    if part == 0:
+        return chunk
+    content = chunk.content
+    if isinstance(content, list):
+        content = [
+            {**block, "index": _moved(block["index"], offset, part)}
+            if isinstance(block, dict) and "index" in block
+            else block
+            for block in content
+        ]
+    tool_call_chunks = [
+        {**tc, "index": _moved(tc["index"], offset, part)} if tc.get("index") is not None else tc
+        for tc in chunk.tool_call_chunks
+    ]
+    return chunk.model_copy(update={"content": content, "tool_call_chunks": tool_call_chunks})
+
+
+def _top_index(chunk: AIMessageChunk) -> int:
+    """The largest int ``index`` of ``chunk``'s content blocks and tool-call chunks; -1 if none."""
+    blocks = chunk.content if isinstance(chunk.content, list) else []
+    indexes = [block.get("index") for block in blocks if isinstance(block, dict)]
+    indexes += [tc.get("index") for tc in chunk.tool_call_chunks]
+    return max(
+        (i for i in indexes if isinstance(i, int) and not isinstance(i, bool)),
+        default=-1,
     )
 
 
-class _StreamParts:
+class _Parts:
     """Rewrites the chunks of successive parts so that their sum is the stitched answer.
 
-    ``AIMessageChunk`` addition concatenates string metadata, so a ``"length"`` of
-    one part and a ``"stop"`` of the next would add up to ``"lengthstop"``, and a
-    model name would appear twice. Finish fields are therefore held back and sent
-    once, with the mark, in a final empty chunk; later parts do not repeat the
-    metadata keys an earlier part already sent.
+    The one place where parts are joined: streaming sends every chunk through
+    :meth:`outgoing` and ends with :meth:`final`; :func:`stitch` does the same with
+    each whole part and adds the results up, so the sum of a stream and the answer
+    of ``invoke`` follow the same rules:
+
+    * content, ``additional_kwargs``, usage and id add up as ``AIMessageChunk``
+      addition adds them, each later part's block indexes moved past the earlier
+      parts' (:func:`_renumbered`) so that no block of one part merges into
+      another's;
+    * ``response_metadata`` is the last part's, as it describes the final finish:
+      addition would concatenate a ``"length"`` and a ``"stop"`` into
+      ``"lengthstop"``, so chunks carry only the :data:`_LIVE_KEYS` and the final
+      chunk brings the last part's metadata with the mark.
     """
 
     def __init__(self) -> None:
-        self.sent_keys: set[str] = set()
-        self.part_keys: set[str] = set()
+        self.number = -1  # of the current part, from 0
+        self.offset = 0  # added to the current part's int indexes
+        self.next_offset = 0  # one past the largest int index sent so far
         self.current: AIMessageChunk | None = None
-        self.continuations = 0
 
     def start_part(self) -> None:
-        self.sent_keys |= self.part_keys
-        self.part_keys = set()
+        self.number += 1
+        self.offset = self.next_offset
         self.current = None
 
     def outgoing(self, chunk: AIMessageChunk) -> AIMessageChunk:
         self.current = chunk if self.current is None else self.current + chunk
-        metadata = {
-            key: value
-            for key, value in chunk.response_metadata.items()
-            if key not in FINISH_KEYS and key not in _INCOMPLETE_KEYS and key not in self.sent_keys
-        }
-        self.part_keys |= metadata.keys()
+        chunk = _renumbered(chunk, self.offset, self.number)
+        self.next_offset = max(self.next_offset, _top_index(chunk) + 1)
+        metadata = {k: v for k, v in chunk.response_metadata.items() if k in _LIVE_KEYS}
+        # The final chunk is the stream's last, not each part's.
         return chunk.model_copy(update={"response_metadata": metadata, "chunk_position": None})
 
     def part(self) -> AIMessage:
+        """The current part as the model gave it (indexes and metadata untouched)."""
         return as_ai(self.current) if self.current is not None else AIMessage("")
 
     def final(self) -> AIMessageChunk:
         last = self.part()
         return AIMessageChunk(
-            content="",
+            # As BaseChatModel.stream ends: an empty content of the answer's kind.
+            content=[] if isinstance(last.content, list) else "",
             response_metadata={
-                **_finish_metadata(last.response_metadata),
-                **_mark(self.continuations, is_truncated(last)),
+                **last.response_metadata,
+                **_mark(self.number, is_truncated(last)),
             },
             chunk_position="last",
         )
+
+
+def stitch(parts: Sequence[AIMessage]) -> AIMessage:
+    """Join an answer and its continuations into one marked ``AIMessage``.
+
+    The parts are joined as a stream of them adds up (see :class:`_Parts`):
+    content, ``additional_kwargs`` and usage add up as ``AIMessageChunk`` addition
+    adds them, with each later part's block indexes moved past the earlier ones';
+    the id is the one addition picks (the first provider-assigned one); response
+    metadata, tool calls and invalid tool calls are the last part's; ``name`` is
+    the first part's.
+
+    Raises:
+        ValueError: If ``parts`` is empty.
+    """
+    if not parts:
+        msg = "stitch needs at least one part"
+        raise ValueError(msg)
+    first, last = parts[0], parts[-1]
+    if len(parts) == 1:  # what the rules give for one part, without a round trip
+        mark = _mark(0, is_truncated(first))
+        return first.model_copy(update={"response_metadata": {**first.response_metadata, **mark}})
+    joiner = _Parts()
+    chunks = []
+    for part in parts:
+        joiner.start_part()
+        chunks.append(joiner.outgoing(_as_chunk(part)))
+    stitched = as_ai(add_ai_message_chunks(*chunks, joiner.final()))
+    # Addition drops ``name`` and parses tool calls back from their JSON text (a
+    # cut invalid call could come back valid); the parts' own are exact.
+    return stitched.model_copy(
+        update={
+            "name": first.name,
+            "tool_calls": list(last.tool_calls),
+            "invalid_tool_calls": list(last.invalid_tool_calls),
+        }
+    )
 
 
 class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
@@ -231,7 +291,9 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
     answer comes back truncated (see :func:`is_truncated`), the handler sends the
     conversation again with the partial answer and a request to continue, up to
     ``max_continuations`` times. Streaming yields every part's chunks as they
-    arrive; their sum is the stitched answer.
+    arrive; their sum is the stitched answer that ``invoke`` returns (see
+    :func:`stitch`), the response metadata coming in the last chunk. A model that
+    does not stream (``disable_streaming``) yields whole answers, tool calls kept.
 
     Every answer carries ``response_metadata["tiered_memory"] =
     {"continuations": n, "truncated": bool}``: ``truncated`` is ``True`` when the
@@ -350,7 +412,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
         self, messages: list[BaseMessage], config: RunnableConfig, streaming: bool, **kwargs: Any
     ) -> StepPlan[AIMessage]:
         """Ask, then ask to continue while the answer is cut; relay chunks when streaming."""
-        state = _StreamParts()
+        state = _Parts()
         parts: list[AIMessage] = []
         prompt = messages
         while True:
@@ -368,10 +430,10 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
                 parts.append(as_ai((yield steps.invoke(self.llm, prompt, config, **kwargs))))
             if not self._should_continue(parts[-1], len(parts) - 1):
                 break
-            state.continuations += 1
             prompt = self._continuation(messages, self._text(parts))
         if streaming:
             yield Emit(state.final())
+            return parts[-1]  # unused: a stream's answer is the sum of its chunks
         return stitch(parts)
 
     # The helpers below take ``run_manager`` to match langchain-core's typed
@@ -433,7 +495,7 @@ class FinishReasonHandler(Runnable[LanguageModelInput, AIMessage]):
     def stream(
         self, input: LanguageModelInput, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[AIMessageChunk]:
-        """Stream every part's chunks; the last chunk carries the finish reason and mark."""
+        """Stream every part's chunks; the last brings the last part's metadata and the mark."""
         chunks = self._transform_stream_with_config(iter([input]), self._stream, config, **kwargs)
         # langchain-core types the helper's output by the class's (AIMessage);
         # it yields what ``_stream`` yields: chunks.
