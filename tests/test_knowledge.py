@@ -20,7 +20,8 @@ import pytest
 from langchain_core.retrievers import BaseRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from langchain_tiered_memory import KnowledgeBase, MySQLBackup
+from langchain_tiered_memory import EmbeddingDimensionError, KnowledgeBase, MySQLBackup
+from langchain_tiered_memory.integrations import knowledge
 from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
 from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
@@ -490,9 +491,8 @@ def test_two_versions_of_one_source_written_at_once_leave_one_whole(
     make_kb: MakeKB, tmp_path: Path, long_by: str
 ) -> None:
     """Two knowledge bases on one collection write a short and a long version of one
-    source at once. Without turns, the short writer's delete (of everything beyond its
-    own end) ran after the long writer's upsert: the long version's first chunks stayed
-    and the rest were deleted."""
+    source at once. Without turns, each writer's delete (of the source's chunks that are
+    not its own) ran after the other's upsert: nothing of either version was left."""
     path = tmp_path / "policy.txt"
     short = "Invoices are due in 30 days. Pay by bank transfer."
     long = " ".join(f"Clause {n}: reminders go out on day {n * 7}." for n in range(1, 11))
@@ -533,3 +533,213 @@ def test_two_versions_of_one_source_written_at_once_leave_one_whole(
     for writer in writers:
         writer.join(10)
     assert stored_texts(kb_short) in versions
+
+
+# -- failed writes, other models, source keys --------------------------------------
+
+
+class _FailsOnSecondBatch(HashEmbeddings):
+    """An embedding service that refuses its second request (a 429, a timeout...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        if self.calls == 2:
+            raise ConnectionError("429 rate limited")
+        return super().embed_documents(texts)
+
+
+class _UpsertFailsOnSecondBatch:
+    """A collection whose second upsert fails (Chroma gone away mid-write)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.upserts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def upsert(self, **kwargs: Any) -> None:
+        self.upserts += 1
+        if self.upserts == 2:
+            raise ConnectionError("Chroma went away")
+        self._inner.upsert(**kwargs)
+
+
+def words(prefix: str, count: int) -> str:
+    """``count`` numbered words: ``prefix-0000 prefix-0001 ...``."""
+    return " ".join(f"{prefix}-{n:04d}" for n in range(count))
+
+
+def texts_of(kb: KnowledgeBase, source: Any) -> list[str]:
+    """The texts of the chunks of ``source``, sorted."""
+    return sorted(kb.collection.get(where={"source": source}, include=["documents"])["documents"])
+
+
+def versions_of(kb: KnowledgeBase, source: Any) -> set[str]:
+    """Which versions ("old", "new") the chunks of ``source`` come from."""
+    return {text.split("-")[0] for text in texts_of(kb, source)}
+
+
+def test_an_embedding_error_in_a_later_batch_of_a_re_add_leaves_the_old_file_whole(
+    make_kb: MakeKB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(knowledge, "UPSERT_BATCH", 4)
+    path = tmp_path / "manual.txt"
+    path.write_text(words("old", 28), encoding="utf-8")
+    kb = make_kb(chunk_size=20, chunk_overlap=0)
+    kb.add_files(path)
+    before = stored_texts(kb)
+    assert len(before) > 8  # several batches
+
+    path.write_text(words("new", 24), encoding="utf-8")
+    flaky = make_kb(
+        chunk_size=20,
+        chunk_overlap=0,
+        collection_name=kb.collection.name,
+        embedding=_FailsOnSecondBatch(),
+    )
+    with pytest.raises(ConnectionError, match="429"):
+        flaky.add_files(path)
+
+    assert stored_texts(kb) == before  # the old version, whole and alone
+
+
+def test_a_chroma_error_in_a_later_batch_leaves_the_old_version_and_no_new_chunk(
+    make_kb: MakeKB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(knowledge, "UPSERT_BATCH", 4)
+    kb = make_kb(chunk_size=20, chunk_overlap=0)
+    kb.add_texts([words("old", 28)], [{"source": "manual"}])
+    before = stored_texts(kb)
+
+    failing = _UpsertFailsOnSecondBatch(kb.collection)
+    kb.collection = failing
+    with pytest.raises(ConnectionError, match="went away"):
+        kb.add_texts([words("new", 24)], [{"source": "manual"}])
+    failing.upserts = 0
+    with pytest.raises(ConnectionError, match="went away"):  # a first add stores nothing
+        kb.add_texts([words("new", 24)], [{"source": "another manual"}])
+    kb.collection = failing._inner
+
+    assert stored_texts(kb) == before
+    assert versions_of(kb, "manual") == {"old"}
+    assert versions_of(kb, "another manual") == set()
+    kb.add_texts([words("new", 24)], [{"source": "manual"}])  # and trying again works
+    assert versions_of(kb, "manual") == {"new"}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "key"), [({"tags": {"x": 1}}, "'tags'"), ({"$team": "ar"}, "'\\$team'")]
+)
+def test_a_metadata_entry_chroma_refuses_stores_nothing_and_is_named(
+    make_kb: MakeKB, monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any], key: str
+) -> None:
+    monkeypatch.setattr(knowledge, "UPSERT_BATCH", 4)
+    kb = make_kb(chunk_size=20, chunk_overlap=0)
+    with pytest.raises(ValueError, match=rf"metadatas\[1\]: metadata key {key} is refused"):
+        kb.add_texts([words("big", 20), "small note"], [{"source": "big"}, metadata])
+    assert kb.count() == 0
+
+
+@pytest.mark.parametrize("source", ["~draft", "~team/notes", "wiki\x00ar", 5, 2.5, True])
+def test_delete_source_deletes_every_source_add_texts_takes(make_kb: MakeKB, source: Any) -> None:
+    kb = make_kb()
+    kb.add_texts(["Invoices are due in 30 days."], [{"source": source}])
+    kb.add_texts(["keep me"], [{"source": "other"}])
+
+    assert kb.delete_source(source) == 1
+    assert stored_texts(kb) == ["keep me"]
+
+
+def test_a_source_of_none_is_refused(make_kb: MakeKB) -> None:
+    # Chroma drops a None value: the chunks would have no source, never replaced nor deleted.
+    kb = make_kb()
+    with pytest.raises(ValueError, match="source must not be None"):
+        kb.add_texts(["a note without a real source"], [{"source": None}])
+    with pytest.raises(ValueError, match="source must not be None"):
+        kb.delete_source(None)  # type: ignore[arg-type]
+    assert kb.count() == 0
+
+
+def test_sources_of_other_types_are_other_documents(make_kb: MakeKB) -> None:
+    kb = make_kb(chunk_size=20, chunk_overlap=0)
+    kb.add_texts(["alpha beta gamma delta epsilon zeta"], [{"source": 5}])
+    kb.add_texts(["Pay within 10 days."], [{"source": "5"}])  # another document
+    assert texts_of(kb, 5) == ["alpha beta gamma", "delta epsilon zeta"]
+    assert texts_of(kb, "5") == ["Pay within 10 days."]
+
+    assert kb.delete_source(5) == 2
+    assert stored_texts(kb) == ["Pay within 10 days."]
+
+
+class _Bigger(HashEmbeddings):
+    """A model of another size (384, as MiniLM after a 256-dimension model)."""
+
+    dims = 384
+
+
+async def test_a_model_of_another_size_is_named_until_reindex_moves_the_chunks(
+    make_kb: MakeKB, chroma_client: Any
+) -> None:
+    kb = make_kb(chunk_size=60, chunk_overlap=0)
+    kb.add_texts([AR_DOC, "Deployments happen on Fridays."], [{"source": "wiki/ar"}, {}])
+    count = kb.count()
+    bigger = make_kb(
+        chunk_size=60, chunk_overlap=0, collection_name=kb.collection.name, embedding=_Bigger()
+    )
+
+    with pytest.raises(EmbeddingDimensionError, match=r"reindex\(\)") as refused:
+        bigger.search("when are invoices due")
+    assert (refused.value.stored, refused.value.model) == ((256,), 384)
+    with pytest.raises(EmbeddingDimensionError):
+        await bigger.asearch("when are invoices due")
+    with pytest.raises(EmbeddingDimensionError):
+        bigger.add_texts(["New policy: pay within 10 days."], [{"source": "wiki/ar"}])
+    assert kb.count() == count  # nothing lost, nothing added
+
+    assert bigger.reindex() == count
+    top = bigger.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
+    assert bigger.collection.name == kb.collection.name
+    assert bigger.collection.metadata["hnsw:space"] == "cosine"
+    assert chroma_client.get_collection(kb.collection.name).count() == count
+    bigger.add_texts(["New policy: pay within 10 days."], [{"source": "wiki/ar"}])
+    assert sorted(stored_texts(bigger)) == [
+        "Deployments happen on Fridays.",
+        "New policy: pay within 10 days.",
+    ]
+
+
+def test_an_emptied_collection_keeps_its_size_until_reindex(make_kb: MakeKB) -> None:
+    kb = make_kb()
+    kb.add_texts(["Invoices are due in 30 days."], [{"source": "wiki/ar"}])
+    kb.delete_source("wiki/ar")
+    bigger = make_kb(collection_name=kb.collection.name, embedding=_Bigger())
+
+    with pytest.raises(EmbeddingDimensionError, match="256 dimensions"):
+        bigger.add_texts(["Invoices are due in 30 days."], [{"source": "wiki/ar"}])
+
+    assert bigger.reindex() == 0
+    bigger.add_texts(["Invoices are due in 30 days."], [{"source": "wiki/ar"}])
+    assert [d.page_content for d in bigger.search("invoices due")] == [
+        "Invoices are due in 30 days."
+    ]
+
+
+def test_reindex_moves_the_chunks_of_a_model_of_the_same_size(
+    make_kb: MakeKB, chroma_client: Any
+) -> None:
+    kb = make_kb(chunk_size=120, chunk_overlap=0)
+    kb.add_texts([AR_DOC], [{"source": "ar"}])
+    moved = moved_model(kb, chroma_client)
+    assert moved.search("which day is the reminder email sent", k=2) == []
+
+    assert moved.reindex() == kb.count()
+
+    top = moved.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
+    assert moved.collection.id == kb.collection.id  # the same size: in place

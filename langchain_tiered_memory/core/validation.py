@@ -143,28 +143,35 @@ class InvalidSessionDateError(ValueError):
 class EmbeddingDimensionError(ValueError):
     """Stored vectors are not of the embedding's size: another model embedded them.
 
-    Raised by a search that compares them with a query's vector, e.g. after the
-    embedding model was changed for one of another size.
+    Raised by a search that compares them with a query's vector (and by a
+    ``KnowledgeBase`` write, which Chroma refuses), e.g. after the embedding model
+    was changed for one of another size.
+
+    Args:
+        stored: The sizes of the stored vectors.
+        model: The size of the embedding's vectors.
+        remedy: What to do about it, where the owner offers a way (``"call
+            reindex()"``); said after the sizes.
 
     Attributes:
         stored: The sizes of the stored vectors (two or more: several models made them).
         model: The size of the embedding's vectors (``None``: not known where raised).
     """
 
-    def __init__(self, stored: Sequence[int], model: int | None) -> None:
+    def __init__(self, stored: Sequence[int], model: int | None, remedy: str | None = None) -> None:
         self.stored = tuple(sorted(set(stored)))
         self.model = model
         sizes = " and ".join(map(str, self.stored))
         if model is None:
             msg = (
                 f"the stored vectors have {sizes} dimensions: several models embedded them; "
-                "embed them again with one"
+                f"{remedy or 'embed them again with one'}"
             )
         else:
             msg = (
                 f"the stored vectors have {sizes} dimensions but the embedding's have "
-                f"{model}: another model embedded them; search with that model, or embed "
-                "them again with this one"
+                f"{model}: another model embedded them; "
+                f"{remedy or 'search with that model, or embed them again with this one'}"
             )
         super().__init__(msg)
 

@@ -5,14 +5,23 @@ The v3 design keeps the knowledge base beside the long-term memory: the same Chr
 langchain-text-splitters' ``RecursiveCharacterTextSplitter`` (Markdown-aware for
 ``.md`` files, with Chinese sentence ends as separators); chunk ids are
 deterministic, so adding a file again replaces its chunks instead of duplicating
-them.
+them. Chroma has no transactions: a new version of a source is stored beside the old
+one (chunk ids name their content), and the old one is deleted only once the new one
+is whole, so a failed write leaves the old version, never a mix.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
+import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +35,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
 from langchain_tiered_memory.core.extras import import_extra
-from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.core.validation import EmbeddingDimensionError, check_int
 from langchain_tiered_memory.text.embeddings import OtherModelWarning, model_name
 from langchain_tiered_memory.tiers.long_memory import (
     PAGE,
@@ -39,18 +48,24 @@ from langchain_tiered_memory.tiers.long_memory.chroma import refused_name
 if TYPE_CHECKING:
     from langchain_text_splitters import TextSplitter
 
+logger = logging.getLogger(__name__)
+
 #: Chinese sentence and clause ends, tried before spaces (Chinese has none). Zero-width
 #: regexes, so the punctuation stays at the end of its sentence.
 CJK_SEPARATORS = ["(?<=。)", "(?<=！)", "(?<=？)", "(?<=；)", "(?<=，)"]
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 UPSERT_BATCH = 512
+#: The settings of the collections a knowledge base creates.
+COLLECTION_METADATA = {"hnsw:space": "cosine"}
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
 #: Writers of one source in this process take turns: two versions written at once
-#: would otherwise leave the first chunks of one and delete the rest (each deletes
-#: what is beyond its own end). Striped by collection and source, so the set stays small.
+#: would otherwise delete each other's chunks (each deletes the source's chunks that
+#: are not its own). Striped by collection and source, so the set stays small.
 SOURCE_LOCKS = tuple(threading.Lock() for _ in range(64))
+#: What the size errors advise: Chroma fixes a collection's vector size at its first vector.
+REINDEX = "use that model, or call reindex() to embed the chunks again with this one"
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -60,13 +75,102 @@ def _separators(base: Sequence[str]) -> list[str]:
     return [*base[:at], *CJK_SEPARATORS, *base[at:]]
 
 
-def _source_of(path: str | Path) -> str:
+def _source_of(path: str | os.PathLike[str]) -> str:
+    """A file's ``source``: its absolute path."""
     return str(Path(path).expanduser().resolve())
 
 
-def chunk_ids(key: str, count: int) -> list[str]:
-    """The ids of a document's chunks: its key and each chunk's position."""
-    return [digest(key, str(index))[:32] for index in range(count)]
+def source_key(source: Any) -> str:
+    """The key of a ``source``: its chunk ids and its writers' turn are by it.
+
+    Aware of the type, so ``5`` and ``"5"`` are two sources; ``5`` and ``5.0`` are
+    one, as for Chroma's filters (which also tell ``True`` from ``1``).
+
+    Raises:
+        ValueError: If ``source`` is ``None`` (Chroma drops a ``None`` value, so
+            its chunks could never be found again), not a str, int, float or bool,
+            or a float that is not finite.
+    """
+    if source is None:
+        msg = (
+            "source must not be None: Chroma drops None values, so its chunks could never "
+            "be replaced or deleted; leave 'source' out for a text of its own"
+        )
+        raise ValueError(msg)
+    if isinstance(source, bool):
+        return f"bool:{source}"
+    if isinstance(source, int):
+        return f"number:{source}"
+    if isinstance(source, float) and math.isfinite(source):
+        return f"number:{int(source)}" if source.is_integer() else f"number:{source!r}"
+    if isinstance(source, str):
+        return f"str:{source}"
+    msg = f"source must be a str, int, float or bool (a finite one), got {source!r}"
+    raise ValueError(msg)
+
+
+def check_metadata(metadata: Mapping[Any, Any], where: str) -> None:
+    """Refuse, naming the key, a metadata entry Chroma would refuse, before anything is written.
+
+    The values are checked by the installed ``chromadb``'s own rule (str, int,
+    float, bool or ``None``, and lists in recent versions); the keys also by its
+    server's (not empty, not starting with ``#`` or ``$``), which its client does not check.
+
+    Raises:
+        ValueError: If a key or value would be refused, or ``source`` is not one
+            :func:`source_key` takes.
+    """
+    from chromadb.api.types import validate_metadata
+
+    for key, value in metadata.items():
+        problem = None
+        if not isinstance(key, str) or not key or key[0] in "#$":
+            problem = "keys must be non-empty str not starting with '#' or '$'"
+        else:
+            try:
+                validate_metadata({key: value})
+                if key == "source":
+                    source_key(value)
+            except (TypeError, ValueError) as exc:
+                problem = str(exc)
+        if problem is not None:
+            msg = f"{where}: metadata key {key!r} is refused: {problem}"
+            raise ValueError(msg)
+
+
+@dataclass
+class _Document:
+    """The chunks of one source (its texts' chunks numbered across them), or of one text."""
+
+    key: str
+    source: Any = None  # None: a text without a source, keyed by its text
+    chunks: list[str] = field(default_factory=list)
+    metadatas: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, chunks: Iterable[str], metadata: Mapping[str, Any]) -> None:
+        """Append chunks with ``metadata`` and each one's position."""
+        for chunk in chunks:
+            self.metadatas.append({**metadata, "chunk": len(self.chunks)})
+            self.chunks.append(chunk)
+
+    def ids(self, metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The chunk ids, given the metadata each chunk is stored with.
+
+        A source's ids name each chunk's content and metadata too: a new version
+        never overwrites the old one, which stays whole until the new one is
+        stored (adding the same version again gives the same ids). A text without
+        a source is keyed by that text, so its chunks are the same at each
+        position: by position, so adding it again overwrites them.
+        """
+        if self.source is None:
+            return [digest(self.key, str(index))[:32] for index in range(len(self.chunks))]
+        contents = [
+            (chunk, json.dumps(metadata, sort_keys=True, default=repr))
+            for chunk, metadata in zip(self.chunks, metadatas, strict=True)
+        ]
+        return [
+            digest(self.key, str(index), *content)[:32] for index, content in enumerate(contents)
+        ]
 
 
 class KnowledgeBase:
@@ -77,6 +181,13 @@ class KnowledgeBase:
     ``persist_directory`` over ``host``; with none of them, an embedded client in
     ``$TIERED_MEMORY_HOME/chroma`` (telemetry off). Use :meth:`from_long_memory`
     to share the long-term memory's client and embedding model.
+
+    After a change of embedding model, chunks the old one made are left out of
+    :meth:`search` (with a warning) if its vectors are of the same size; if they
+    are of another size, Chroma refuses the new ones, and :meth:`search` and the
+    ``add_*`` methods raise :class:`~langchain_tiered_memory.EmbeddingDimensionError`.
+    Either way :meth:`reindex` embeds every stored chunk again with the new model
+    (adding a file or text again moves that one, when the size is the same).
 
     Args:
         embedding: Any LangChain ``Embeddings``; ``None`` loads all-MiniLM-L6-v2
@@ -136,7 +247,7 @@ class KnowledgeBase:
         )
         try:
             self.collection = self.client.get_or_create_collection(
-                collection_name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+                collection_name, embedding_function=None, metadata=COLLECTION_METADATA
             )
         except Exception as exc:
             refused = refused_name(exc, collection_name)
@@ -148,7 +259,7 @@ class KnowledgeBase:
 
             embedding = MiniLMEmbeddings()
         self.embedding = embedding
-        self._other_models = OtherModelWarning("add their files or texts again")
+        self._other_models = OtherModelWarning("call reindex() or add their files or texts again")
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         splitter_class = splitters.RecursiveCharacterTextSplitter
@@ -205,25 +316,92 @@ class KnowledgeBase:
     # -- writing -----------------------------------------------------------------
 
     @contextmanager
-    def _writing(self, sources: Iterable[Any]) -> Iterator[None]:
-        """Hold the locks of ``sources`` in this collection (in one order: no deadlock)."""
+    def _writing(self, sources: Iterable[Any] | None) -> Iterator[None]:
+        """Hold the locks of ``sources`` in this collection (``None``: of every source).
+
+        Taken in one order: no deadlock.
+        """
         collection = str(self.collection.id)
-        stripes = sorted({hash((collection, str(s))) % len(SOURCE_LOCKS) for s in sources})
+        stripes = (
+            range(len(SOURCE_LOCKS))
+            if sources is None
+            else sorted({hash((collection, source_key(s))) % len(SOURCE_LOCKS) for s in sources})
+        )
         with ExitStack() as held:
             for stripe in stripes:
                 held.enter_context(SOURCE_LOCKS[stripe])
             yield
 
-    def _upsert(self, ids: list[str], chunks: list[str], metadatas: list[dict[str, Any]]) -> None:
+    def _embed(self, chunks: Sequence[str]) -> list[list[float]]:
+        """Every chunk's vector, in batches, before anything is written."""
+        vectors: list[list[float]] = []
+        for start in range(0, len(chunks), UPSERT_BATCH):
+            vectors += self.embedding.embed_documents(list(chunks[start : start + UPSERT_BATCH]))
+        return vectors
+
+    def _store(
+        self,
+        collection: Any,
+        ids: list[str],
+        chunks: list[str],
+        vectors: list[list[float]],
+        metadatas: list[dict[str, Any]],
+    ) -> None:
+        """Upsert in batches; if one fails, delete the chunks this call created and raise.
+
+        Chroma has no transactions, so a failure after some batches were stored
+        is undone by hand: what existed before is kept (a source's old version,
+        which the new chunks never overwrite), what is new is deleted.
+
+        Raises:
+            EmbeddingDimensionError: If the collection holds vectors of another size.
+        """
+        created: list[str] = []
+        try:
+            for start in range(0, len(ids), UPSERT_BATCH):
+                batch = slice(start, start + UPSERT_BATCH)
+                existing = set(collection.get(ids=ids[batch], include=[])["ids"])
+                created += [chunk_id for chunk_id in ids[batch] if chunk_id not in existing]
+                collection.upsert(
+                    ids=ids[batch],
+                    embeddings=vectors[batch],
+                    documents=chunks[batch],
+                    metadatas=metadatas[batch],
+                )
+        except Exception as exc:
+            try:
+                for start in range(0, len(created), PAGE):
+                    collection.delete(ids=created[start : start + PAGE])
+            except Exception:
+                logger.exception(
+                    "a failed write to the knowledge base %r left %d chunks it could not delete",
+                    collection.name,
+                    len(created),
+                )
+            refused = self._size_error(exc, len(vectors[0]) if vectors else 0)
+            if refused is not None:
+                raise refused from exc
+            raise
+
+    def _write(self, documents: Sequence[_Document]) -> list[str]:
+        """Store documents, each source replacing its old chunks; the ids of the chunks."""
         model = model_name(self.embedding)
-        for start in range(0, len(ids), UPSERT_BATCH):
-            end = start + UPSERT_BATCH
-            self.collection.upsert(
-                ids=ids[start:end],
-                embeddings=self.embedding.embed_documents(chunks[start:end]),
-                documents=chunks[start:end],
-                metadatas=[{**m, MODEL_KEY: model} for m in metadatas[start:end]],
-            )
+        ids: list[str] = []
+        chunks: list[str] = []
+        metadatas: list[dict[str, Any]] = []
+        for document in documents:
+            stored = [{**metadata, MODEL_KEY: model} for metadata in document.metadatas]
+            ids += document.ids(stored)
+            chunks += document.chunks
+            metadatas += stored
+        # Embedded before the first write: an embedding error (a 429...) stores nothing.
+        vectors = self._embed(chunks)
+        sources = [document.source for document in documents if document.source is not None]
+        with self._writing(sources):
+            self._store(self.collection, ids, chunks, vectors, metadatas)
+            for source in sources:  # after the new chunks are stored: never a moment with none
+                self._delete_where({"source": source}, keep=set(ids))
+        return ids
 
     def add_texts(
         self, texts: Iterable[str], metadatas: Sequence[dict[str, Any]] | None = None
@@ -232,22 +410,30 @@ class KnowledgeBase:
 
         The texts of one ``source`` (metadata) are one document: its chunks are
         numbered across them, and adding that source again replaces its chunks, as
-        :meth:`add_files` does a file's (chunks beyond the new end are deleted
-        after the new ones are stored). A text without a source is keyed by its
-        text: adding it again, or twice in one call, stores it once.
+        :meth:`add_files` does a file's. The new chunks are stored beside the old
+        ones, which are deleted afterwards: if a write fails part-way, the chunks
+        it stored are deleted and the old ones are left whole. Every chunk is
+        checked and embedded before the first is written, so a refused metadata
+        value or an embedding error stores nothing. A text without a source is
+        keyed by its text: adding it again, or twice in one call, stores it once.
 
         Args:
             texts: The texts.
-            metadatas: One metadata dict per text (str, int, float or bool values,
-                as Chroma requires); ``source`` is the key :meth:`delete_source`
-                uses.
+            metadatas: One metadata dict per text, of values Chroma accepts (str,
+                int, float, bool or ``None``; lists in recent versions);
+                ``source`` (a str, int, float or bool: ``5`` and ``"5"`` are two
+                sources) is the key :meth:`delete_source` uses.
 
         Returns:
             The ids of the stored chunks.
 
         Raises:
-            TypeError: If a text is not a str.
-            ValueError: If ``metadatas`` does not match ``texts`` in length.
+            TypeError: If a text is not a str, or a metadata not a dict.
+            ValueError: If ``metadatas`` does not match ``texts`` in length, or a
+                metadata key or value would be refused by Chroma (the error names
+                it), or a ``source`` is ``None``.
+            EmbeddingDimensionError: If the collection holds vectors of another
+                size (another model's): see :meth:`reindex`.
         """
         if isinstance(texts, str):
             texts = [texts]
@@ -259,33 +445,25 @@ class KnowledgeBase:
         if metadatas is not None and len(metadatas) != len(texts):
             msg = f"got {len(metadatas)} metadatas for {len(texts)} texts"
             raise ValueError(msg)
-        # One document per source (its texts' chunks numbered across them), or per
-        # distinct text without a source (the same text twice is stored once).
-        documents: dict[str, tuple[Any, list[str], list[dict[str, Any]]]] = {}
+        if metadatas is not None:  # all of them before any splitting or embedding
+            for position, metadata in enumerate(metadatas):
+                if not isinstance(metadata, Mapping):
+                    msg = f"metadatas[{position}] must be a dict, got {type(metadata).__name__}"
+                    raise TypeError(msg)
+                check_metadata(metadata, f"metadatas[{position}]")
+        documents: dict[str, _Document] = {}
         for position, text in enumerate(texts):
             metadata = dict(metadatas[position]) if metadatas is not None else {}
-            has_source = "source" in metadata
-            key = str(metadata["source"]) if has_source else f"text:{digest(text)}"
-            if key in documents and not has_source:
-                continue
-            source = metadata["source"] if has_source else None
-            _, chunks, chunk_metadatas = documents.setdefault(key, (source, [], []))
-            for chunk in self._text_splitter.split_text(text):
-                chunk_metadatas.append({**metadata, "chunk": len(chunks)})
-                chunks.append(chunk)
-        ids: list[str] = []
-        all_chunks: list[str] = []
-        all_metadatas: list[dict[str, Any]] = []
-        for key, (_, chunks, chunk_metadatas) in documents.items():
-            ids += chunk_ids(key, len(chunks))
-            all_chunks += chunks
-            all_metadatas += chunk_metadatas
-        sources = [source for source, _, _ in documents.values() if source is not None]
-        with self._writing(sources):
-            self._upsert(ids, all_chunks, all_metadatas)  # one batch: embedded together
-            for source in sources:  # after the new chunks are stored: never a moment with none
-                self._delete_where({"source": source}, keep=set(ids))
-        return ids
+            if "source" in metadata:
+                document = _Document(source_key(metadata["source"]), metadata["source"])
+            else:
+                document = _Document(f"text:{digest(text)}")
+                if document.key in documents:  # the same text twice is stored once
+                    continue
+            documents.setdefault(document.key, document).add(
+                self._text_splitter.split_text(text), metadata
+            )
+        return self._write(list(documents.values()))
 
     def add_files(
         self, paths: str | Path | Iterable[str | Path], encoding: str = "utf-8"
@@ -294,8 +472,10 @@ class KnowledgeBase:
 
         Each chunk's metadata holds ``source`` (the file's absolute path),
         ``filename`` and ``chunk`` (its position). Adding a file again replaces its
-        chunks: changed chunks are overwritten, and chunks beyond its new end are
-        deleted after the new ones are stored.
+        chunks: the new ones are stored, then the old ones deleted; a write that
+        fails part-way leaves the file's old chunks whole. Every file is read
+        before any is written; each is then embedded and stored in turn, so an
+        error leaves the files before it new and the others as they were.
 
         Args:
             paths: One path or several.
@@ -307,15 +487,17 @@ class KnowledgeBase:
         Raises:
             FileNotFoundError: If a path is not a file.
             ValueError: If a file cannot be decoded with ``encoding``.
+            EmbeddingDimensionError: If the collection holds vectors of another
+                size (another model's): see :meth:`reindex`.
         """
         if isinstance(paths, (str, Path)):
             paths = [paths]
-        files = [Path(path).expanduser().resolve() for path in paths]
+        files = [Path(_source_of(path)) for path in paths]
         for file in files:  # check them all before writing anything
             if not file.is_file():
                 msg = f"no such file: {file}"
                 raise FileNotFoundError(msg)
-        all_ids: list[str] = []
+        documents: list[_Document] = []
         for file in files:
             try:
                 text = file.read_text(encoding=encoding)
@@ -323,22 +505,17 @@ class KnowledgeBase:
                 msg = f"{file} is not a {encoding} text file: {exc.reason} at byte {exc.start}"
                 raise ValueError(msg) from exc
             text = text.removeprefix("\ufeff")
-            source = str(file)
             splitter = (
                 self._markdown_splitter
                 if file.suffix.lower() in MARKDOWN_SUFFIXES
                 else self._text_splitter
             )
-            chunks = splitter.split_text(text)
-            metadatas = [
-                {"source": source, "filename": file.name, "chunk": index}
-                for index in range(len(chunks))
-            ]
-            ids = chunk_ids(source, len(chunks))
-            with self._writing([source]):
-                self._upsert(ids, chunks, metadatas)
-                self._delete_where({"source": source}, keep=set(ids))  # after: never none
-            all_ids += ids
+            document = _Document(source_key(str(file)), str(file))
+            document.add(splitter.split_text(text), {"source": str(file), "filename": file.name})
+            documents.append(document)
+        all_ids: list[str] = []
+        for document in documents:  # one at a time: the vectors of one file in memory
+            all_ids += self._write([document])
         return all_ids
 
     def _delete_where(self, where: dict[str, Any], keep: set[str] | None = None) -> int:
@@ -355,19 +532,92 @@ class KnowledgeBase:
                 deleted += len(doomed)
             offset += len(page) - len(doomed)  # kept ids stay in the result set
 
-    def delete_source(self, path: str | Path) -> int:
+    def delete_source(self, path: str | int | float | os.PathLike[str]) -> int:
         """Delete every chunk of a file (or of texts added with that ``source``).
 
         Args:
-            path: The file's path, absolute or relative to the current folder, or
-                the ``source`` given to :meth:`add_texts`.
+            path: The ``source`` given to :meth:`add_texts` (any str, int, float
+                or bool), or a file's path, absolute or relative to the current
+                folder: a str matches both as given and as a path resolved
+                (when it is one).
 
         Returns:
             How many chunks were deleted.
+
+        Raises:
+            ValueError: If ``path`` is ``None`` or of another type.
         """
-        sources = sorted({str(path), _source_of(path)})
+        raw = os.fspath(path) if isinstance(path, os.PathLike) else path
+        source_key(raw)  # refuses what no source can be
+        sources = [raw]
+        if isinstance(raw, str):
+            try:
+                resolved = _source_of(raw)
+            except (OSError, RuntimeError, ValueError):
+                pass  # not a path ("~draft": no such user; a null byte): the source alone
+            else:
+                sources = sorted({raw, resolved})
         with self._writing(sources):
             return self._delete_where({"source": {"$in": sources}})
+
+    def reindex(self) -> int:
+        """Embed every stored chunk again with this knowledge base's embedding model.
+
+        What moves a knowledge base to a new model without its files and texts:
+        until then, chunks of a model of the same size are left out of
+        :meth:`search`, and those of another size make :meth:`search` and the
+        ``add_*`` methods raise :class:`~langchain_tiered_memory.EmbeddingDimensionError`.
+        Every chunk is embedded before anything is written (an embedding error
+        changes nothing). Of the same size, the chunks are overwritten in place;
+        of another size, they are written to a new collection, which then takes
+        the old one's name (Chroma fixes a collection's vector size at its first
+        vector): other ``KnowledgeBase`` objects on that collection, in other
+        processes too, must then be made again.
+
+        Returns:
+            How many chunks were embedded again.
+        """
+        # Every stripe (those of other collections too, for this rare call): no writer meanwhile.
+        with self._writing(None):
+            ids: list[str] = []
+            chunks: list[str] = []
+            metadatas: list[dict[str, Any]] = []
+            while True:
+                found = self.collection.get(
+                    limit=UPSERT_BATCH, offset=len(ids), include=["documents", "metadatas"]
+                )
+                if not found["ids"]:
+                    break
+                ids += found["ids"]
+                chunks += found["documents"]
+                metadatas += [dict(metadata or {}) for metadata in found["metadatas"]]
+            model = model_name(self.embedding)
+            metadatas = [{**metadata, MODEL_KEY: model} for metadata in metadatas]
+            vectors = self._embed(chunks)
+            stored = self._stored_size()
+            if stored is not None and vectors and stored == len(vectors[0]):
+                self._store(self.collection, ids, chunks, vectors, metadatas)
+                return len(ids)
+            # Another size, or none stored (an emptied collection keeps its size).
+            fresh = self.client.create_collection(
+                f"kb-reindex-{uuid.uuid4().hex}",
+                embedding_function=None,
+                metadata=dict(self.collection.metadata or COLLECTION_METADATA),
+            )
+            try:
+                self._store(fresh, ids, chunks, vectors, metadatas)
+            except Exception:
+                self.client.delete_collection(fresh.name)
+                raise
+            name = self.collection.name
+            self.client.delete_collection(name)
+            try:
+                fresh.modify(name=name)
+            except Exception:  # the chunks are not lost: say where they are
+                logger.error("the reindexed chunks of %r are in collection %r", name, fresh.name)
+                raise
+            self.collection = fresh
+            return len(ids)
 
     # -- reading -----------------------------------------------------------------
 
@@ -377,12 +627,18 @@ class KnowledgeBase:
         model = model_name(self.embedding)
         wanted = k
         while True:
-            found = self.collection.query(
-                query_embeddings=[list(vector)],
-                n_results=wanted,
-                where=where,
-                include=["documents", "metadatas", "distances"],
-            )
+            try:
+                found = self.collection.query(
+                    query_embeddings=[list(vector)],
+                    n_results=wanted,
+                    where=where,
+                    include=["documents", "metadatas", "distances"],
+                )
+            except Exception as exc:
+                refused = self._size_error(exc, len(vector))
+                if refused is not None:
+                    raise refused from exc
+                raise
             metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
             # A chunk of no recorded model was stored by an earlier version: compared as is.
             made = [m.pop(MODEL_KEY, None) for m in metadatas]
@@ -411,6 +667,30 @@ class KnowledgeBase:
             if name in (model, None)
         ][:k]
 
+    def _stored_size(self, refusal: Exception | None = None) -> int | None:
+        """The size of the collection's vectors (``None``: not known).
+
+        A stored chunk's, else the one Chroma names in ``refusal``: an emptied
+        collection keeps the size of its first vector.
+        """
+        found = self.collection.get(limit=1, include=["embeddings"])["embeddings"]
+        if found is not None and len(found) > 0:
+            return len(found[0])
+        named = re.search(r"dimension of (\d+)", str(refusal or ""))
+        return int(named.group(1)) if named else None
+
+    def _size_error(self, exc: Exception, size: int) -> EmbeddingDimensionError | None:
+        """The package's error for Chroma's refusal of vectors of ``size``; else ``None``."""
+        if type(exc).__name__ != "InvalidArgumentError" or "dimension" not in str(exc):
+            return None
+        try:
+            stored = self._stored_size(exc)
+        except Exception:  # the refusal is what the caller raises then
+            return None
+        if stored is None or stored == size:
+            return None
+        return EmbeddingDimensionError([stored], size, remedy=REINDEX)
+
     @staticmethod
     def _check_k(k: int) -> None:
         check_int("k", k)
@@ -427,7 +707,12 @@ class KnowledgeBase:
             Documents with the chunk's metadata and ``score`` (cosine similarity).
 
         Chunks another embedding model made are left out (their similarity
-        is noise), with a warning, until their files or texts are added again.
+        is noise), with a warning, until :meth:`reindex` or until their files
+        or texts are added again.
+
+        Raises:
+            EmbeddingDimensionError: If the collection holds vectors of another
+                size (another model's): see :meth:`reindex`.
         """
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
