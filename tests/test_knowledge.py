@@ -7,6 +7,7 @@ case; ``HashEmbeddings`` where retrieval quality is not under test.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -450,10 +451,12 @@ class _Watched:
         inner: Any,
         stored: threading.Event,
         hold_reads_until: threading.Event | None = None,
+        hold_reads_after_upsert_until: threading.Event | None = None,
     ) -> None:
         self._inner = inner
         self._stored = stored
         self._hold = hold_reads_until
+        self._hold_after = hold_reads_after_upsert_until
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -465,6 +468,8 @@ class _Watched:
     def get(self, **kwargs: Any) -> Any:
         if self._hold is not None:
             self._hold.wait(2.0)
+        if self._hold_after is not None and self._stored.is_set():
+            self._hold_after.wait(2.0)
         return self._inner.get(**kwargs)
 
 
@@ -743,3 +748,34 @@ def test_reindex_moves_the_chunks_of_a_model_of_the_same_size(
     top = moved.search("which day is the reminder email sent for overdue invoices", k=1)[0]
     assert "reminder email" in top.page_content
     assert moved.collection.id == kb.collection.id  # the same size: in place
+
+
+def test_writers_no_lock_reaches_never_leave_a_source_with_no_chunks(
+    make_kb: MakeKB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes (no lock of this one reaches the other) re-add one source at once:
+    A stores its version, B stores its own, then each deletes. Deleting every chunk of
+    the source but its own, each deleted the other's version: nothing was left."""
+    monkeypatch.setattr(KnowledgeBase, "_writing", lambda self, sources: contextlib.nullcontext())
+    kb_a = make_kb(chunk_size=40, chunk_overlap=0)
+    kb_b = make_kb(chunk_size=40, chunk_overlap=0, collection_name=kb_a.collection.name)
+    kb_a.add_texts(["Version zero. Paid within sixty days of the invoice."], [{"source": "p"}])
+    a_stored, b_stored = threading.Event(), threading.Event()
+    # A reads the source again after B has stored; B reads it after A has stored.
+    kb_a.collection = _Watched(kb_a.collection, a_stored, hold_reads_after_upsert_until=b_stored)
+    kb_b.collection = _Watched(kb_b.collection, b_stored, hold_reads_until=a_stored)
+    versions = {
+        "a": "Version A. Invoices are due in 30 days.",
+        "b": "Version B. Invoices are due in 45 days, by transfer.",
+    }
+    writers = [
+        threading.Thread(target=kb.add_texts, args=([versions[name]], [{"source": "p"}]))
+        for name, kb in (("a", kb_a), ("b", kb_b))
+    ]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(10)
+    stored = " ".join(stored_texts(kb_a))
+    assert "Version zero" not in stored
+    assert "Version A" in stored or "Version B" in stored

@@ -398,9 +398,14 @@ class KnowledgeBase:
         vectors = self._embed(chunks)
         sources = [document.source for document in documents if document.source is not None]
         with self._writing(sources):
+            # Only the chunks stored before this write are replaced: a writer in another
+            # process storing the source meanwhile (no lock reaches it) loses nothing,
+            # and both versions stay until the source is added or deleted again.
+            old = {i for source in sources for i in self._ids_where({"source": source})}
             self._store(self.collection, ids, chunks, vectors, metadatas)
-            for source in sources:  # after the new chunks are stored: never a moment with none
-                self._delete_where({"source": source}, keep=set(ids))
+            doomed = sorted(old - set(ids))  # after the new chunks are stored: never none
+            for start in range(0, len(doomed), PAGE):
+                self.collection.delete(ids=doomed[start : start + PAGE])
         return ids
 
     def add_texts(
@@ -518,19 +523,20 @@ class KnowledgeBase:
             all_ids += self._write([document])
         return all_ids
 
-    def _delete_where(self, where: dict[str, Any], keep: set[str] | None = None) -> int:
-        keep = keep or set()
-        deleted = 0
-        offset = 0
+    def _ids_where(self, where: dict[str, Any]) -> list[str]:
+        """The ids of the chunks ``where`` matches, a page at a time."""
+        ids: list[str] = []
         while True:
-            page = self.collection.get(where=where, limit=PAGE, offset=offset, include=[])["ids"]
-            if not page:
-                return deleted
-            doomed = [chunk_id for chunk_id in page if chunk_id not in keep]
-            if doomed:
-                self.collection.delete(ids=doomed)
-                deleted += len(doomed)
-            offset += len(page) - len(doomed)  # kept ids stay in the result set
+            page = self.collection.get(where=where, limit=PAGE, offset=len(ids), include=[])
+            if not page["ids"]:
+                return ids
+            ids += page["ids"]
+
+    def _delete_where(self, where: dict[str, Any]) -> int:
+        doomed = self._ids_where(where)
+        for start in range(0, len(doomed), PAGE):
+            self.collection.delete(ids=doomed[start : start + PAGE])
+        return len(doomed)
 
     def delete_source(self, path: str | int | float | os.PathLike[str]) -> int:
         """Delete every chunk of a file (or of texts added with that ``source``).
