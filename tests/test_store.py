@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,9 +12,11 @@ from typing import Any
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
-from sqlalchemy import select
+from langgraph.store.memory import InMemoryStore
+from sqlalchemy import event, select
 
 from langchain_tiered_memory import (
+    ArchiveUnavailableError,
     EmbeddingDimensionError,
     MySQLBackup,
     TieredStore,
@@ -23,6 +26,7 @@ from langchain_tiered_memory.integrations.store import (
     InvalidKeyError,
     ValueTooLargeError,
 )
+from langchain_tiered_memory.storage import archive
 from langchain_tiered_memory.text.embeddings import model_name
 
 from .fakes import HashEmbeddings, SaltedHashEmbeddings
@@ -223,6 +227,123 @@ def test_an_update_keeps_created_at_and_its_place(store: TieredStore) -> None:
     assert keys(store.search(("n",))) == ["a", "b"]
 
 
+@pytest.fixture
+def other_process(store: TieredStore) -> Iterator[TieredStore]:
+    """A second store on the same tables, with connections of its own (another process)."""
+    backup = store.backup
+    other = TieredStore(MySQLBackup(backup.url, table_name=backup.tables.messages.name))
+    yield other
+    other.backup.dispose()
+
+
+def test_a_batch_of_reads_sees_one_state(store: TieredStore, other_process: TieredStore) -> None:
+    # The other process moves an item from "a" to "b" in one batch, between the two
+    # reads of ours: the batch must see it under one key, never both (nor neither).
+    namespace = ("users", "u1")
+    store.put(namespace, "a", {"text": "the memory"})
+    selects: list[str] = []
+
+    def move_between_the_reads(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            selects.append(statement)
+            if len(selects) == 2:
+                other_process.batch(
+                    [PutOp(namespace, "b", {"text": "the memory"}), PutOp(namespace, "a", None)]
+                )
+
+    event.listen(store.backup.engine, "before_cursor_execute", move_between_the_reads)
+    try:
+        got_a, got_b = store.batch([GetOp(namespace, "a"), GetOp(namespace, "b")])
+    finally:
+        event.remove(store.backup.engine, "before_cursor_execute", move_between_the_reads)
+
+    assert len(selects) == 2
+    assert got_a is not None and got_b is None  # the state before the move
+    assert [item.key for item in store.search(namespace)] == ["b"]  # the move landed
+
+
+def test_concurrent_batches_over_the_same_keys_all_land_whole(store: TieredStore) -> None:
+    # Writers put the same 20 keys in opposite orders: on MariaDB that deadlocked and
+    # lost batches (ArchiveUnavailableError). Every batch must land, whole: the last
+    # one to commit holds every key.
+    keys = [f"m{i}" for i in range(20)]
+    writers, rounds = 4, 15
+    errors: list[BaseException] = []
+
+    def write(writer: int) -> None:
+        ordered = keys[::-1] if writer % 2 else keys
+        for round_ in range(rounds):
+            value = {"text": f"writer {writer} round {round_}"}
+            try:
+                store.batch([PutOp(("users", "u1"), key, value) for key in ordered])
+            except Exception as exc:  # every failure is counted
+                errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(writer,)) for writer in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    values = {item.key: item.value["text"] for item in store.search(("users", "u1"), limit=50)}
+    assert sorted(values) == sorted(keys)
+    assert len(set(values.values())) == 1  # one batch's values, not a mix
+    last_rounds = {f"writer {writer} round {rounds - 1}" for writer in range(writers)}
+    assert set(values.values()) <= last_rounds
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_batch_the_server_rolls_back_on_a_deadlock_runs_again(
+    store: TieredStore, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    if store.backup.dialect == "sqlite":
+        pytest.skip("SQLite serializes writers: it never reports a deadlock")
+    store.put(("n",), "kept", {"v": "old"})
+    reported: list[str] = []
+    every_time = False
+
+    def deadlock_the_first_upsert(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        upsert = statement.startswith("INSERT INTO") and "_store " in statement
+        if upsert and (every_time or not reported):
+            reported.append(statement)
+            raise conn.dialect.loaded_dbapi.OperationalError(
+                1213, "Deadlock found when trying to get lock; try restarting transaction"
+            )
+
+    async def batch(ops: list[PutOp]) -> None:
+        if mode == "sync":
+            store.batch(ops)
+        else:
+            await store.abatch(ops)
+
+    async def main() -> None:
+        nonlocal every_time
+        backup = store.backup
+        engine = backup.engine if mode == "sync" else backup.async_engine().sync_engine
+        event.listen(engine, "before_cursor_execute", deadlock_the_first_upsert)
+        try:
+            await batch([PutOp(("n",), "kept", {"v": "new"}), PutOp(("n",), "added", {"v": 1})])
+            assert len(reported) == 1  # the first run failed, the second landed
+            assert store.get(("n",), "kept").value == {"v": "new"}  # type: ignore[union-attr]
+            assert store.get(("n",), "added").value == {"v": 1}  # type: ignore[union-attr]
+
+            # A deadlock every time: after the reruns the caller sees the outage, and
+            # nothing of the batch is stored.
+            monkeypatch.setattr(archive, "RERUN_DELAYS", (0.0, 0.0))
+            reported.clear()
+            every_time = True
+            with pytest.raises(ArchiveUnavailableError, match="Deadlock"):
+                await batch([PutOp(("n",), "kept", {"v": "lost"})])
+            assert len(reported) == 3  # the run and its two reruns
+            assert store.get(("n",), "kept").value == {"v": "new"}  # type: ignore[union-attr]
+        finally:
+            event.remove(engine, "before_cursor_execute", deadlock_the_first_upsert)
+            await backup.adispose()
+
+    asyncio.run(main())
+
+
 # -- TTL -----------------------------------------------------------------------
 
 
@@ -272,6 +393,36 @@ def test_the_ttl_config_sets_the_default_and_the_refresh(backup: MySQLBackup) ->
         assert _expiry(store, "forever") is None
     finally:
         store.metadata.drop_all(backup.engine)
+
+
+@pytest.mark.parametrize("read", ["get", "search"])
+def test_a_put_between_a_read_and_its_ttl_refresh_keeps_its_own_expiry(
+    store: TieredStore, other_process: TieredStore, read: str
+) -> None:
+    # A read refreshes the TTL after reading (in a transaction of its own). Another
+    # process makes the item permanent in between: it must stay permanent (the refresh
+    # gave it back the old expiry, and the item vanished minutes later).
+    namespace = ("users", "u1")
+    store.put(namespace, "pref", {"text": "temporary"}, ttl=5)
+    refresh = store.planner.refresh_plan
+
+    def refresh_after_a_put_elsewhere(*args: Any) -> Any:
+        other_process.put(namespace, "pref", {"text": "permanent"}, ttl=None)
+        return (yield from refresh(*args))
+
+    store.planner.refresh_plan = refresh_after_a_put_elsewhere  # type: ignore[method-assign]
+    try:
+        if read == "get":
+            store.get(namespace, "pref")
+        else:
+            store.search(namespace)
+    finally:
+        store.planner.refresh_plan = refresh  # type: ignore[method-assign]
+
+    assert _expiry(store, "pref") is None
+    assert store.get(namespace, "pref").value == {"text": "permanent"}  # type: ignore[union-attr]
+    store.get(namespace, "pref")  # a read now refreshes nothing
+    assert _expiry(store, "pref") is None
 
 
 # -- hostile input ----------------------------------------------------------------
@@ -393,6 +544,90 @@ def test_values_round_trip_exactly(store: TieredStore) -> None:
     store.put(("n",), "k", value)
 
     assert store.get(("n",), "k").value == value  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"scores": {1: "first"}},
+        {"scores": {1: "first", "1": "one"}},  # JSON would keep one of them
+        {"a": [{"b": {None: "null"}}]},
+        {"a": {"b": {(1, 2): "tuple"}}},
+        {2.5: "top level"},
+    ],
+)
+@pytest.mark.parametrize("index", [None, False])
+def test_a_value_with_a_key_that_is_not_a_str_is_refused_at_any_depth(
+    store: TieredStore, value: dict[Any, Any], index: bool | None
+) -> None:
+    with pytest.raises(TypeError, match="keys must be str"):
+        store.put(("n",), "k", value, index=index)  # type: ignore[arg-type]
+
+    assert store.get(("n",), "k") is None
+
+
+def test_one_huge_number_leaves_range_filters_working(store: TieredStore) -> None:
+    namespace = ("users", "u1")
+    store.put(namespace, "small", {"n": 5})
+    store.put(namespace, "text", {"n": "not a number"})
+    store.put(namespace, "huge", {"n": 10**400})  # valid JSON; float() overflows on it
+    store.put(namespace, "big", {"n": 2**53 + 1})  # a float cannot tell it from 2**53
+
+    def found(condition: dict[str, Any]) -> list[str]:
+        return keys(store.search(namespace, filter={"n": condition}))
+
+    assert store.get(namespace, "huge").value == {"n": 10**400}  # type: ignore[union-attr]
+    assert found({"$gte": 1}) == ["small", "huge", "big"]
+    assert found({"$lt": 10**400}) == ["small", "big"]
+    assert found({"$gt": 2**53}) == ["huge", "big"]  # ints are compared exactly
+    assert found({"$lte": 5.5}) == ["small"]
+    assert found({"$gt": 1e308}) == ["huge"]
+
+
+def test_eq_and_ne_compare_dict_operands_with_dollar_keys(store: TieredStore) -> None:
+    # JSON documents have "$" keys (JSON Schema's "$ref", MongoDB's "$oid"); $eq and $ne
+    # compare their operand as a value, as InMemoryStore does.
+    reference = InMemoryStore()
+    for target in (reference, store):
+        target.put(("docs",), "schema", {"meta": {"$ref": "#/defs/a"}})
+        target.put(("docs",), "other", {"meta": {"$ref": "#/defs/b"}})
+    for condition in ({"$eq": {"$ref": "#/defs/a"}}, {"$ne": {"$ref": "#/defs/a"}}):
+        wanted = keys(reference.search(("docs",), filter={"meta": condition}))
+        assert keys(store.search(("docs",), filter={"meta": condition})) == wanted
+    assert keys(store.search(("docs",), filter={"meta": {"$eq": {"$ref": "#/defs/a"}}})) == [
+        "schema"
+    ]
+
+
+@pytest.mark.parametrize(
+    "filter_",
+    [
+        {"n": {"$gt": 1, "limit": 2}},  # an operator beside a field: was read as $lte
+        {"tags": [{"$regex": "x"}]},  # an operator inside a list is applied too
+        {"a": {"b": {"$in": [1]}}},
+    ],
+)
+def test_filters_with_operators_langgraph_lacks_are_refused(
+    store: TieredStore, filter_: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidFilterError):
+        store.search(("n",), filter=filter_)
+
+
+def test_keys_may_hold_line_breaks_and_tabs(store: TieredStore) -> None:
+    # The README's remember tool keys a fact by its first 40 characters.
+    fact = "User preferences:\n- oolong tea\n- no sugar"
+    namespace = ("users", "u1")
+    store.put(namespace, fact[:40], {"text": fact})
+    store.put(namespace, "a\tb\r\nc", {"text": "tab and CRLF"})
+
+    assert store.get(namespace, fact[:40]).value == {"text": fact}  # type: ignore[union-attr]
+    assert store.get(namespace, "a\tb\r\nc").value == {"text": "tab and CRLF"}  # type: ignore[union-attr]
+    assert store.get(namespace, "a\tb\nc") is None  # no normalisation: keys stay apart
+    assert keys(store.search(namespace)) == [fact[:40], "a\tb\r\nc"]
+    for bad in ("nul\x00", "escape\x1b[31m", "bell\x07", "lone\ud800"):
+        with pytest.raises(InvalidKeyError):
+            store.put(namespace, bad, {"v": 1})
 
 
 # -- the archive's database, across processes' views -------------------------------

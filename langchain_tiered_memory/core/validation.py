@@ -66,15 +66,23 @@ def validate_id(value: Any, name: str = "session_id") -> str:
     return value
 
 
-def check_characters(value: str, name: str, error: type[ValueError] = ValueError) -> None:
+def check_characters(
+    value: str, name: str, error: type[ValueError] = ValueError, *, allowed: str = ""
+) -> None:
     """Raise ``error`` if ``value`` holds a control character or a lone surrogate.
 
     A control character hides in logs and paths; a lone surrogate cannot be stored
     in MySQL's utf8mb4.
+
+    Args:
+        value: The text to check.
+        name: How the error names it.
+        error: The exception raised.
+        allowed: Control characters that are accepted (never NUL: a C string ends at it).
     """
     for position, char in enumerate(value):
         category = unicodedata.category(char)
-        if category == "Cc":
+        if category == "Cc" and (char not in allowed or char == "\x00"):
             msg = f"{name} contains the control character U+{ord(char):04X} at position {position}"
             raise error(msg)
         if category == "Cs":
@@ -87,13 +95,30 @@ def validate_optional_id(value: Any, name: str = "user_id") -> str | None:
     return None if value is None else validate_id(value, name)
 
 
-def nesting_depth(value: Any, limit: int) -> int:
-    """How deeply dicts and lists nest in ``value``, counted up to ``limit + 1``."""
+def nesting_depth(value: Any, limit: int, *, string_keys: bool = False) -> int:
+    """How deeply dicts and lists nest in ``value``, counted up to ``limit + 1``.
+
+    Args:
+        value: The value to walk.
+        limit: Where to stop counting (the walk stops past it).
+        string_keys: Also require every dict key met to be a str: JSON turns ``1``
+            into ``"1"`` (so ``{1: "a", "1": "b"}`` would lose one), so a value meant
+            to round-trip through JSON must not have any.
+
+    Raises:
+        TypeError: With ``string_keys``, at the first key that is not a str.
+    """
     deepest = 0
     stack = [(value, 0)]
     while stack and deepest <= limit:
         item, level = stack.pop()
         if isinstance(item, dict):
+            if string_keys:
+                for name in item:
+                    if not isinstance(name, str):
+                        kind = type(name).__name__
+                        msg = f"dict keys must be str, got {name!r} ({kind}) at depth {level + 1}"
+                        raise TypeError(msg)
             children: Iterable[Any] = item.values()
         elif isinstance(item, (list, tuple)):
             children = item

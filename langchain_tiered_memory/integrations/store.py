@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
@@ -135,9 +136,11 @@ class TieredStore(Lifecycle, BaseStore):
                 embedded = self.embeddings.embed_documents(batch.to_embed)
                 vectors = dict(zip(batch.to_embed, embedded, strict=True))
             queries = {query: self.embeddings.embed_query(query) for query in batch.queries}
-        outcome = self.backup.run(self.planner.plan(batch, vectors, queries), **_mode(batch))
+        outcome = self.backup.run(
+            partial(self.planner.plan, batch, vectors, queries), **_mode(batch)
+        )
         if outcome.refresh:
-            self.backup.run(self.planner.refresh_plan(outcome.refresh))
+            self.backup.run(partial(self.planner.refresh_plan, outcome.refresh))
         return outcome.results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
@@ -151,10 +154,10 @@ class TieredStore(Lifecycle, BaseStore):
                 vectors = dict(zip(batch.to_embed, embedded, strict=True))
             found = await asyncio.gather(*map(self.embeddings.aembed_query, batch.queries))
             queries = dict(zip(batch.queries, found, strict=True))
-        plan = self.planner.plan(batch, vectors, queries)
+        plan = partial(self.planner.plan, batch, vectors, queries)
         outcome = await self.backup.arun(plan, **_mode(batch))
         if outcome.refresh:
-            await self.backup.arun(self.planner.refresh_plan(outcome.refresh))
+            await self.backup.arun(partial(self.planner.refresh_plan, outcome.refresh))
         return outcome.results
 
     def shutdown(self) -> None:
@@ -167,13 +170,20 @@ class TieredStore(Lifecycle, BaseStore):
 
     def sweep_ttl(self) -> int:
         """Delete the items whose TTL has passed; returns how many."""
-        return int(self.backup.run(self.planner.sweep_plan(), write=True))
+        return int(self.backup.run(self.planner.sweep_plan, write=True))
 
     async def asweep_ttl(self) -> int:
         """Async :meth:`sweep_ttl`."""
-        return int(await self.backup.arun(self.planner.sweep_plan(), write=True))
+        return int(await self.backup.arun(self.planner.sweep_plan, write=True))
 
 
 def _mode(batch: PreparedBatch) -> dict[str, Any]:
-    # Reads run without a transaction; puts write after reading.
-    return {"write": True} if batch.writes else {"read_only": True}
+    """How the archive runs ``batch``'s plan (given as a function: a deadlock reruns it).
+
+    Puts write after reading. Several reads are one deferred transaction, one
+    snapshot (on SQLite a read-only plan would read each statement's latest
+    commit); a single read needs none.
+    """
+    if batch.writes:
+        return {"write": True}
+    return {"read_only": len(batch.ops) <= 1}

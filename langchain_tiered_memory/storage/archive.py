@@ -19,8 +19,10 @@ import inspect
 import json
 import logging
 import os
+import random
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -486,34 +488,74 @@ class MySQLBackup(Lifecycle):
         # Writers that read first must see what other processes committed.
         return {"isolation_level": "READ COMMITTED"} if write else {}
 
-    def run(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
+    def run(
+        self,
+        plan: Plan[T] | Callable[[], Plan[T]],
+        *,
+        write: bool = False,
+        read_only: bool = False,
+    ) -> T:
         """Run a plan in one transaction on the sync engine.
 
         Args:
-            plan: A generator of statements (see the module docstring).
+            plan: A generator of statements (see the module docstring), or a
+                function making it: then a transaction the server rolled back on a
+                deadlock or a lock wait timeout runs again from a fresh plan, up to
+                :data:`RERUN_DELAYS` times.
             write: The plan reads, then writes on what it read: take the write lock
                 up front on SQLite, read committed data on MySQL. A plan that
                 writes after reading without it raises ``UndeclaredWriteError``.
-            read_only: The plan only reads: no explicit transaction.
+            read_only: The plan only reads: no explicit transaction (on SQLite, each
+                statement reads the latest commit; without it a read-only plan is
+                one deferred transaction, one snapshot).
+
+        Raises:
+            ArchiveUnavailableError: If the database fails (after the reruns).
         """
         options = self._options(write, read_only)
-        return self._guard(lambda: _run_sync(self.engine, plan, options, read_only, write))
+        attempt = 0
+        while True:
+            try:
+                return _run_sync(self.engine, _fresh(plan), options, read_only, write)
+            except _database_errors(self.engine) as exc:
+                delay = _rerun_delay(plan, exc, attempt)
+                if delay is None:
+                    raise self._unavailable(exc) from exc
+            time.sleep(delay)
+            attempt += 1
 
-    async def arun(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
-        """Run a plan in one transaction on this loop's async engine.
+    async def arun(
+        self,
+        plan: Plan[T] | Callable[[], Plan[T]],
+        *,
+        write: bool = False,
+        read_only: bool = False,
+    ) -> T:
+        """Run a plan in one transaction on this loop's async engine (see :meth:`run`).
 
-        On a server, the whole call (pool checkout, ping, connect, every statement)
-        runs under the ``timeout`` deadline: aiomysql has no read timeout of its own.
+        On a server, the whole call (pool checkout, ping, connect, every statement,
+        the reruns) runs under the ``timeout`` deadline: aiomysql has no read
+        timeout of its own.
         """
         options = self._options(write, read_only)
         # SQLite waits only for locks, bounded by its busy timeout; and a statement
         # cut off in aiosqlite's thread would run on after the call had failed.
         deadline = asyncio.timeout(None if self.dialect == "sqlite" else self.timeout)
         engine = self.async_engine()
+        errors = _database_errors(engine.sync_engine)
         try:
             async with deadline:
-                return await _run_async(engine, plan, options, read_only, write)
-        except _database_errors(engine.sync_engine) as exc:
+                attempt = 0
+                while True:
+                    try:
+                        return await _run_async(engine, _fresh(plan), options, read_only, write)
+                    except errors as exc:
+                        delay = _rerun_delay(plan, exc, attempt)
+                        if delay is None:
+                            raise
+                    await asyncio.sleep(delay)
+                    attempt += 1
+        except errors as exc:
             raise self._unavailable(exc) from exc
         except TimeoutError as exc:
             if not deadline.expired():
@@ -1363,6 +1405,38 @@ class ArchiveStats:
 
 
 # -- helpers ------------------------------------------------------------------
+
+
+#: MySQL/MariaDB errors after which the server has rolled the transaction back (or
+#: only its statement, which the driver's rollback completes) and running it again
+#: may succeed: 1213 a deadlock ("try restarting transaction"), 1205 a lock wait
+#: timeout.
+RERUNNABLE_ERRORS = frozenset({1205, 1213})
+#: Seconds before each rerun of a transaction that failed with one of
+#: :data:`RERUNNABLE_ERRORS` (each scaled by a random 0.5-1.5, so that the
+#: transactions that deadlocked do not meet again in step).
+RERUN_DELAYS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8)
+
+
+def _fresh(plan: Plan[T] | Callable[[], Plan[T]]) -> Plan[T]:
+    """The plan to run: ``plan``, or a new one made by it."""
+    return plan() if callable(plan) else plan
+
+
+def _rerun_delay(
+    plan: Plan[T] | Callable[[], Plan[T]], exc: BaseException, attempt: int
+) -> float | None:
+    """Seconds to wait before running ``plan`` again after ``exc``; ``None``: do not.
+
+    Only a plan given as a function can run again (a generator is spent), and only
+    after an error of :data:`RERUNNABLE_ERRORS`, at most ``len(RERUN_DELAYS)`` times.
+    """
+    error = getattr(exc, "orig", None) or exc
+    code = error.args[0] if getattr(error, "args", None) else None
+    if not callable(plan) or code not in RERUNNABLE_ERRORS or attempt >= len(RERUN_DELAYS):
+        return None
+    logger.debug("rerunning a transaction after error %s (attempt %d)", code, attempt + 1)
+    return RERUN_DELAYS[attempt] * random.uniform(0.5, 1.5)
 
 
 def _database_errors(engine: Engine) -> tuple[type[BaseException], ...]:

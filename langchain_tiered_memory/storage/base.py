@@ -104,8 +104,14 @@ class PlanRunner(Protocol):
         """The database's tables."""
         ...
 
-    def run(self, plan: Plan[T], *, write: bool = False, read_only: bool = False) -> T:
-        """Run ``plan`` in one transaction and return its result."""
+    def run(
+        self,
+        plan: Plan[T] | Callable[[], Plan[T]],
+        *,
+        write: bool = False,
+        read_only: bool = False,
+    ) -> T:
+        """Run ``plan`` (or the plan a function makes) in one transaction; its result."""
         ...
 
 

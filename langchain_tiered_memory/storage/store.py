@@ -63,6 +63,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import mysql
@@ -87,6 +88,9 @@ T = TypeVar("T")
 MAX_NAMESPACE_CHARS = 500
 #: Longest key.
 MAX_KEY_CHARS = 1024
+#: The control characters a key may hold: a key is a TEXT column reached through a
+#: hash, and keys made from text (``fact[:40]``) often hold line breaks or tabs.
+KEY_CONTROL_CHARACTERS = "\t\n\r"
 #: Longest TTL accepted, in minutes (ten years: more overflows DATETIME columns).
 MAX_TTL_MINUTES = 10 * 365 * 24 * 60.0
 #: The comparison operators of LangGraph's filters.
@@ -247,14 +251,19 @@ def validate_namespace(
 
 
 def validate_key(key: Any) -> str:
-    """Return ``key`` if it is a usable item key, else raise :class:`InvalidKeyError`."""
+    """Return ``key`` if it is a usable item key, else raise :class:`InvalidKeyError`.
+
+    A key is a non-empty str of at most :data:`MAX_KEY_CHARS` characters, without
+    NUL, lone surrogates (utf8mb4 cannot store them) or control characters other
+    than :data:`KEY_CONTROL_CHARACTERS`.
+    """
     if not isinstance(key, str):
         raise InvalidKeyError(f"a key must be a str, got {type(key).__name__}")
     if not key:
         raise InvalidKeyError("a key must not be empty")
     if len(key) > MAX_KEY_CHARS:
         raise InvalidKeyError(f"a key is {len(key)} characters long; the limit is {MAX_KEY_CHARS}")
-    check_characters(key, f"key {key[:40]!r}", InvalidKeyError)
+    check_characters(key, f"key {key[:40]!r}", InvalidKeyError, allowed=KEY_CONTROL_CHARACTERS)
     return key
 
 
@@ -266,12 +275,21 @@ def validate_filter(filter_: Any) -> dict[str, Any] | None:
         raise InvalidFilterError(f"a filter must be a dict, got {type(filter_).__name__}")
 
     def check(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for name, inner in value.items():
-                if isinstance(name, str) and name.startswith("$") and name not in OPERATORS:
-                    msg = f"unsupported filter operator {name!r}; use one of {sorted(OPERATORS)}"
-                    raise InvalidFilterError(msg)
+        if isinstance(value, list | tuple):  # compared item by item, as filters
+            for inner in value:
                 check(inner)
+        if not isinstance(value, Mapping):
+            return
+        if not any(_is_operator(name) for name in value):
+            for inner in value.values():
+                check(inner)
+            return
+        # A dict of operators: each is applied; their operands are values, not
+        # filters ({"$eq": {"$ref": ...}} compares a JSON Schema reference).
+        for name in value:
+            if name not in OPERATORS:
+                msg = f"unsupported filter operator {name!r}; use one of {sorted(OPERATORS)}"
+                raise InvalidFilterError(msg)
 
     check(filter_)
     return dict(filter_)
@@ -304,9 +322,14 @@ def matches_filter(value: Mapping[str, Any], filter_: Mapping[str, Any] | None) 
     return not filter_ or all(_compare(value.get(k), f) for k, f in filter_.items())
 
 
+def _is_operator(name: Any) -> bool:
+    """Whether a filter's dict key names an operator (its dict is then one of operators)."""
+    return isinstance(name, str) and name.startswith("$")
+
+
 def _compare(value: Any, wanted: Any) -> bool:
     if isinstance(wanted, Mapping):
-        if any(isinstance(k, str) and k.startswith("$") for k in wanted):
+        if any(_is_operator(k) for k in wanted):
             return all(_apply(value, op, operand) for op, operand in wanted.items())
         if not isinstance(value, Mapping):
             return False
@@ -325,10 +348,15 @@ def _apply(value: Any, operator: str, operand: Any) -> bool:
         return bool(value == operand)
     if operator == "$ne":
         return bool(value != operand)
-    try:
-        left, right = float(value), float(operand)
-    except (TypeError, ValueError):
-        return False  # a missing or non-numeric field is never in a range
+    if isinstance(value, int | float) and isinstance(operand, int | float):
+        # Python compares ints and floats exactly, and never overflows: 10**400 is a
+        # valid JSON number that float() refuses.
+        left, right = value, operand
+    else:
+        try:  # InMemoryStore's float() reading: "5" is 5, "x" is no number
+            left, right = float(value), float(operand)
+        except (TypeError, ValueError, OverflowError):
+            return False  # a missing, non-numeric or unreadable field is never in a range
     if operator == "$gt":
         return left > right
     if operator == "$gte":
@@ -454,19 +482,25 @@ class PreparedBatch:
         return bool(self.puts)
 
 
+#: The TTL refreshes reads call for: ``{ttl_minutes: {(item id, updated_at)}}``, the
+#: versions of the items they read. A refresh applies to that version only: a put
+#: committed since (``ttl=None`` among them) has set its own expiry.
+Refresh = dict[float, set[tuple[int, datetime]]]
+
+
 @dataclass
 class BatchOutcome:
     """What a batch's plan returns.
 
     Attributes:
         results: One per op, in order.
-        refresh: The TTL refreshes its reads call for, ``{ttl_minutes: item ids}``,
-            left for :meth:`StorePlanner.refresh_plan` when the batch did not write
+        refresh: The TTL refreshes its reads call for (see :data:`Refresh`), left
+            for :meth:`StorePlanner.refresh_plan` when the batch did not write
             (empty when it did: they ran in its transaction).
     """
 
     results: list[Result]
-    refresh: dict[float, set[int]]
+    refresh: Refresh
 
 
 @dataclass(frozen=True)
@@ -603,10 +637,13 @@ class StorePlanner:
             return
         if not isinstance(value, Mapping):
             raise TypeError(f"a store value must be a dict (or None), got {type(value).__name__}")
-        if nesting_depth(value, MAX_NESTING) > MAX_NESTING:
+        # One walk: its depth, and str keys at every level (JSON would turn 1 into "1").
+        try:
+            depth = nesting_depth(dict(value), MAX_NESTING, string_keys=True)
+        except TypeError as exc:
+            raise TypeError(f"a store value's {exc}") from exc
+        if depth > MAX_NESTING:
             raise ValueError(f"a store value nests deeper than {MAX_NESTING} levels")
-        if not all(isinstance(name, str) for name in value):
-            raise TypeError("a store value's top-level keys must be str")
         try:
             json.dumps(value)
         except (TypeError, ValueError) as exc:
@@ -651,24 +688,24 @@ class StorePlanner:
         """
         now = now or utcnow()
         results: list[Result] = []
-        refresh: dict[float, set[int]] = {}
+        refresh: Refresh = {}
         for op in batch.ops:
+            read: list[_Row] = []
             if isinstance(op, GetOp):
                 row = yield from self._get_plan(op, now)
                 results.append(row.item() if row else None)
-                if row and op.refresh_ttl and row.ttl_minutes:
-                    refresh.setdefault(row.ttl_minutes, set()).add(row.id)
+                read = [row] if row and op.refresh_ttl else []
             elif isinstance(op, SearchOp):
                 hits = yield from self._search_plan(op, query_vectors, now)
                 results.append([item for item, _ in hits])
-                if op.refresh_ttl:
-                    for _, row in hits:
-                        if row.ttl_minutes:
-                            refresh.setdefault(row.ttl_minutes, set()).add(row.id)
+                read = [row for _, row in hits] if op.refresh_ttl else []
             elif isinstance(op, ListNamespacesOp):
                 results.append((yield from self._list_plan(op, now)))
             else:
                 results.append(None)
+            for row in read:
+                if row.ttl_minutes:
+                    refresh.setdefault(row.ttl_minutes, set()).add((row.id, row.updated_at))
         if not batch.writes:
             return BatchOutcome(results, refresh)
         yield from self.refresh_plan(refresh, now)
@@ -827,18 +864,25 @@ class StorePlanner:
             kept = list({n[: op.max_depth] for n in kept})
         return sorted(kept)[op.offset : op.offset + op.limit]
 
-    def refresh_plan(
-        self, refresh: Mapping[float, set[int]], now: datetime | None = None
-    ) -> Plan[None]:
-        """Push back the expiry of the items of ``refresh`` (``{ttl_minutes: ids}``)."""
+    def refresh_plan(self, refresh: Refresh, now: datetime | None = None) -> Plan[None]:
+        """Push back the expiry of the item versions of ``refresh`` (see :data:`Refresh`).
+
+        The refresh runs after the read, in another transaction for a batch of reads
+        and without a lock on MySQL's READ COMMITTED for one that writes: an item put
+        again meanwhile (``ttl=None`` making it permanent) is left as that put wrote
+        it, so each update names the version read, by id and ``updated_at``.
+        """
         now = now or utcnow()
         items = self.tables.items
-        for minutes, ids in refresh.items():
-            ordered = sorted(ids)
+        for minutes, versions in refresh.items():
+            ordered = sorted(versions)  # ids in one order: fewer lock waits
             for chunk in _chunks(ordered):
                 yield (
                     update(items)
-                    .where(items.c.id.in_(chunk))
+                    .where(
+                        tuple_(items.c.id, items.c.updated_at).in_(list(chunk)),
+                        items.c.expires_at.is_not(None),
+                    )
                     .values(expires_at=now + timedelta(minutes=minutes))
                 )
 
@@ -848,7 +892,8 @@ class StorePlanner:
         if not batch.puts:
             return
         items, ns = self.tables.items, self.tables.namespaces
-        deletes = [_hash(list(op.namespace), op.key) for op in batch.puts if op.value is None]
+        # Sorted: the same keys are deleted in the same statements, in index order.
+        deletes = sorted(_hash(list(op.namespace), op.key) for op in batch.puts if op.value is None)
         for hashes in _chunks(deletes):
             yield delete(items).where(items.c.hash.in_(hashes))
         writes = [
@@ -868,6 +913,24 @@ class StorePlanner:
                 ns.c.hash.in_([row["hash"] for row in ns_rows])
             )
             ns_ids.update(found.all())
+        # A row is locked as it is written. The items that exist already are written
+        # in one order, by namespace and key, so that two batches over the same keys
+        # lock them alike instead of deadlocking (MySQL; a deadlock left reruns the
+        # batch); new items follow in the order of their first put, which their ids
+        # keep: the store order of searches.
+        hashes = [_hash(list(op.namespace), op.key) for op, _, _ in writes]
+        existing: set[str] = set()
+        for some in _chunks(hashes):
+            found = yield select(items.c.hash).where(items.c.hash.in_(some))
+            existing.update(found.scalars())
+
+        def lock_order(position: int) -> tuple[Any, ...]:
+            op = writes[position][0]
+            if hashes[position] in existing:
+                return (0, tuple(op.namespace), op.key)
+            return (1, position)
+
+        writes = [writes[position] for position in sorted(range(len(writes)), key=lock_order)]
         values = []
         sizes = []
         for op, texts, (value, tokens) in writes:
