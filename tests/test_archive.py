@@ -23,7 +23,12 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory import (
+    ArchiveUnavailableError,
+    MySQLBackup,
+    SessionFileArchive,
+    TieredChatMessageHistory,
+)
 from langchain_tiered_memory.storage.archive import render_url, validate_table_name
 
 from .conftest import MYSQL_URL, require_mysql
@@ -559,3 +564,19 @@ def test_values_json_cannot_hold_are_archived_as_langchains_stand_in(backup: MyS
     assert stored.additional_kwargs["when"]["repr"] == "datetime.date(2023, 6, 1)"
     assert stored.additional_kwargs["(1, 2) (2)"] == "a tuple key"  # no value lost
     assert stored.additional_kwargs["(1, 2)"] == "its name"
+
+
+def test_keys_json_writes_alike_all_keep_their_values(backup: MySQLBackup, tmp_path: Path) -> None:
+    """json.dumps writes 1 and "1" (None and "null") as one key, and json.loads keeps the
+    last: a tool's artifact keyed by row number and by name lost a row without a word."""
+    artifact = {1: "row one (int key)", "1": "row one (str key)", None: "no key", "null": "text"}
+    sent = [
+        HumanMessage("q"),
+        AIMessage("", tool_calls=[{"name": "t", "args": {}, "id": "c", "type": "tool_call"}]),
+        ToolMessage("done", tool_call_id="c", artifact={"rows": [artifact]}),
+    ]
+    for archive in (backup, SessionFileArchive(tmp_path)):
+        archive.add_messages("s1", sent)
+        [rows] = archive.get_messages("s1")[-1].artifact["rows"]
+        assert sorted(rows.values()) == sorted(artifact.values())  # no value lost
+        assert rows["1"] == "row one (str key)" and rows["null"] == "text"

@@ -284,6 +284,22 @@ def test_clear_forgets_the_session_in_every_tier(
     ] == ["s2"]
 
 
+async def test_a_memory_without_a_user_clears_no_users_session(backup: MySQLBackup) -> None:
+    """``clear`` forgets the session, a write: a user-less memory may read it, not erase it."""
+    TieredMemory(history=TieredChatMessageHistory("s1", user_id="u1", backup=backup)).save_context(
+        {"input": FACT}, {"response": "Noted!"}
+    )
+    anonymous = TieredMemory(history=TieredChatMessageHistory("s1", backup=backup))
+    assert FACT in anonymous.buffer
+
+    with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+        anonymous.clear()
+    with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+        await anonymous.aclear()
+
+    assert backup.get_messages("s1") == [HumanMessage(FACT), AIMessage("Noted!")]
+
+
 def test_summary_buffer_arguments_say_where_they_went(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("s1", backup=backup)
     with pytest.raises(TypeError, match=r"llm, max_token_limit .*window_max_tokens"):

@@ -18,7 +18,9 @@ from langchain_core.messages import (
     ToolMessage,
     messages_from_dict,
     messages_to_dict,
+    trim_messages,
 )
+from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
@@ -78,6 +80,22 @@ def test_window_never_orphans_a_tool_message(backup: MySQLBackup) -> None:
     assert window[0].type == "human"
 
 
+def test_window_keeps_the_answer_to_an_invalid_tool_call(backup: MySQLBackup) -> None:
+    """A call with malformed arguments is still a call: create_agent answers it, and
+    providers (langchain_openai sends invalid calls among the assistant's tool calls)
+    refuse a call left without its result."""
+    history = TieredChatMessageHistory("invalid", backup=backup)
+    bad_call = {"id": "call_1", "name": "lookup", "args": '{"id": 4', "error": "bad JSON"}
+    turn_with_bad_call = [
+        HumanMessage("look up invoice 42"),
+        AIMessage("", invalid_tool_calls=[{"type": "invalid_tool_call", **bad_call}]),
+        ToolMessage("arguments were malformed", tool_call_id="call_1", status="error"),
+        AIMessage("Sorry, let me retry."),
+    ]
+    history.add_messages(turn_with_bad_call)
+    assert history.messages == turn_with_bad_call
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):
@@ -93,6 +111,34 @@ def test_budget_smaller_than_one_turn_gives_an_empty_window(backup: MySQLBackup)
     history.add_messages([HumanMessage("a long question " * 20), AIMessage("answer")])
     assert history.messages == []
     assert len(history.all_messages()) == 2  # the archive still has everything
+
+
+def test_thinking_and_image_blocks_count_against_the_budget(backup: MySQLBackup) -> None:
+    """Thinking text counts as text, each image as a fixed 85 tokens (as langchain_core's
+    count_tokens_approximately), a block of an unknown kind by its JSON: none is free."""
+    thinking = " ".join(f"step {i} reasoning about the ledger" for i in range(400))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9000}}
+    question = HumanMessage([{"type": "text", "text": "what is in these scans?"}, image, image])
+    answer = AIMessage(
+        [
+            {"type": "thinking", "thinking": thinking, "signature": "x"},
+            {"type": "text", "text": "ok"},
+        ]
+    )
+    plain = estimate_tokens([HumanMessage("what is in these scans?"), AIMessage("ok")])
+    assert (
+        estimate_tokens(question)
+        == estimate_tokens(HumanMessage("what is in these scans?")) + 2 * 85
+    )
+    assert estimate_tokens(answer) >= estimate_tokens(thinking)
+    assert estimate_tokens(AIMessage([{"type": "citations_of_the_future", "note": "Lyon"}])) > 4
+
+    history = TieredChatMessageHistory("blocks", backup=backup, window_max_tokens=1000)
+    for _ in range(3):
+        history.add_messages([question, answer])
+    # One turn is over the budget (about 2,600 tokens of thinking): nothing fits.
+    assert estimate_tokens([question, answer]) > 1000 > plain
+    assert history.messages == []
 
 
 def test_chinese_is_not_undercounted() -> None:
@@ -112,16 +158,42 @@ def test_token_counter_accepts_functions_and_models(backup: MySQLBackup) -> None
         return sum(len(str(m.content)) for m in messages)
 
     model = CountingModel(messages=replies())
-    for counter in (per_message, per_list, model):
+    for counter in (per_message, per_list, model, "approximate"):
         history = TieredChatMessageHistory(
             "tc", backup=backup, window_max_tokens=40, token_counter=counter
         )
         assert len(history.messages) == 4, counter  # 20 characters per turn
 
 
+def test_token_counter_approximate_is_langchains_count_tokens_approximately(
+    backup: MySQLBackup,
+) -> None:
+    """The string trim_messages accepts: the window is cut by count_tokens_approximately."""
+    turns = [
+        [HumanMessage(f"question {n} " + "word " * 20), AIMessage(f"answer {n}")] for n in range(4)
+    ]
+    for one in turns:
+        backup.add_messages("approx", one)
+    budget = count_tokens_approximately(turns[2] + turns[3])
+    history = TieredChatMessageHistory(
+        "approx", backup=backup, window_max_tokens=budget, token_counter="approximate"
+    )
+    assert history.messages == turns[2] + turns[3]
+    assert (
+        trim_messages(
+            turns[0] + turns[1] + turns[2] + turns[3],
+            max_tokens=budget,
+            token_counter="approximate",
+        )
+        == turns[2] + turns[3]
+    )  # the same window trim_messages gives
+
+
 def test_bad_token_counter_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="token_counter"):
         TieredChatMessageHistory("x", token_counter=42)
+    with pytest.raises(TypeError, match="got 'exact'"):
+        TieredChatMessageHistory("x", token_counter="exact")
 
 
 # -- restarts ----------------------------------------------------------------------

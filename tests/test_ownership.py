@@ -19,6 +19,7 @@ from sqlalchemy import delete, insert, select
 from langchain_tiered_memory import (
     MemoryConsolidator,
     MySQLBackup,
+    SessionFileArchive,
     SessionOwnershipError,
     TieredChatMessageHistory,
 )
@@ -306,3 +307,25 @@ def test_rows_of_the_sessions_table_are_removed_by_forget_of_a_user(
     backup.add_messages("b1", turn("4"), user_id=BOB)  # re-bound from its messages
     with pytest.raises(SessionOwnershipError):
         backup.add_messages("b1", turn("5"), user_id=ALICE)
+
+
+async def test_a_history_without_a_user_clears_no_users_session(
+    abackup: MySQLBackup, tmp_path: Path
+) -> None:
+    """Clearing is a write: a user-less history may read alice's session, not wipe it."""
+    for archive in (abackup, SessionFileArchive(tmp_path / "files")):
+        TieredChatMessageHistory("s", user_id=ALICE, backup=archive).add_messages(turn("1"))
+        anonymous = TieredChatMessageHistory("s", backup=archive)
+        assert anonymous.messages == turn("1")  # an administrator's read
+
+        with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+            anonymous.clear()
+        with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+            await anonymous.aclear()
+
+        assert archive.get_messages("s", user_id=ALICE) == turn("1")
+        # A session without a user is still the user-less history's to clear.
+        anonymous_own = TieredChatMessageHistory("anon", backup=archive)
+        anonymous_own.add_messages(turn("2"))
+        anonymous_own.clear()
+        assert anonymous_own.all_messages() == []

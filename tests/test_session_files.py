@@ -397,11 +397,13 @@ def test_history_sessions_clear_and_forget(tmp_path: Path) -> None:
     assert {i.session_id: i.message_count for i in files.sessions("u1")} == {"p": 10, "q": 2}
 
     assert files.clear("q") == 2
-    assert not any(p.exists() for p in files.paths("q"))
+    assert read_json(files.paths("q")[1])["user_id"] == "u1"  # cleared, still u1's
     assert files.clear("q") == 0
     assert files.get_messages("q") == []
+    assert [i.session_id for i in files.sessions()] == ["r", "p"]  # as MySQLBackup lists
     assert files.forget(user_id="u1") == 10
-    assert not any(p.exists() for p in files.paths("p"))
+    for session in ("p", "q"):  # the cleared session's id is freed too
+        assert not any(p.exists() for p in files.paths(session))
     assert [i.session_id for i in files.sessions()] == ["r"]
     assert files.get_messages("r") == turn(7)
     assert files.forget(session_id="r") == 2
@@ -749,12 +751,39 @@ async def test_a_session_file_belongs_to_its_first_writer(tmp_path: Path) -> Non
     assert tree(tmp_path) == snapshot  # not a byte changed
     assert read_json(files.paths("s")[1])["user_id"] == "alice"
 
-    # The owner, and reads without a user, go on; clear frees the name.
+    # The owner, and reads without a user, go on; clear keeps the owner, forget frees the id.
     files.add_messages("s", turn(2), user_id="alice")
     assert files.get_messages("s", user_id="alice") == turn(1) + turn(2)
     assert files.tail("s", 1) == turn(2)
     files.clear("s", user_id="alice")
+    with pytest.raises(SessionOwnershipError):
+        files.add_messages("s", turn(3), user_id="bob")
+    files.forget(session_id="s")
     files.add_messages("s", turn(3), user_id="bob")
+    assert bob.messages == turn(3)
+
+
+def test_clear_keeps_the_owner_and_forget_frees_the_session_id(tmp_path: Path) -> None:
+    """As ``MySQLBackup``: a cleared session is still its owner's, whoever asks next."""
+    files = SessionFileArchive(tmp_path)
+    alice = TieredChatMessageHistory("s", user_id="alice", backup=files)
+    bob = TieredChatMessageHistory("s", user_id="bob", backup=files)
+    alice.add_messages([HumanMessage("my salary is 100k"), AIMessage("noted")])
+
+    alice.clear()
+
+    assert alice.all_messages() == []
+    with pytest.raises(SessionOwnershipError):
+        bob.add_messages([HumanMessage("bob was here")])
+    with pytest.raises(SessionOwnershipError):
+        bob.messages  # noqa: B018 - the read is what is refused
+    alice.add_messages(turn(2))  # still hers to write
+    assert alice.messages == turn(2)
+    assert [(i.session_id, i.user_id) for i in files.sessions()] == [("s", "alice")]
+
+    files.forget(user_id="alice")  # forget frees the id
+    assert not any(path.exists() for path in files.paths("s"))
+    bob.add_messages(turn(3))
     assert bob.messages == turn(3)
 
 

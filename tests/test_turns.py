@@ -11,13 +11,14 @@ import pytest
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
 
-from langchain_tiered_memory import MySQLBackup, SessionFileArchive
-from langchain_tiered_memory.core.turns import split_turns
+from langchain_tiered_memory import MySQLBackup, SessionFileArchive, TieredChatMessageHistory
+from langchain_tiered_memory.core.turns import role_of, split_turns
 from langchain_tiered_memory.storage import archive as archive_module
 from langchain_tiered_memory.tiers.window import select_window
 
@@ -142,3 +143,20 @@ def test_random_sessions_agree_with_core_turns(
             want = expected_tail(messages, turns)
             assert contents(backup.tail(session, turns)) == want, (roles, turns)
             assert contents(files.tail(session, turns)) == want, (roles, turns)
+
+
+def test_chat_messages_of_user_and_assistant_make_turns(
+    backup: MySQLBackup, tmp_path: Path
+) -> None:
+    """ChatMessage(role="user") is a user message to langchain_core and every provider,
+    so it opens a turn in the archives and the window as a HumanMessage does."""
+    messages: list[BaseMessage] = []
+    for n in range(3):
+        messages += [ChatMessage(f"q{n}", role="user"), ChatMessage(f"a{n}", role="assistant")]
+    for archive in (backup, SessionFileArchive(tmp_path)):
+        history = TieredChatMessageHistory("chat", backup=archive, window_turns=2)
+        history.add_messages(messages)
+        assert contents(history.messages) == ["q1", "a1", "q2", "a2"]
+        assert contents(archive.tail("chat", 1)) == ["q2", "a2"]
+    assert [role_of(m) for m in messages[:2]] == ["human", "ai"]
+    assert role_of(ChatMessage("note", role="narrator")) == "chat"  # a role of its own

@@ -1,14 +1,16 @@
 """What a turn is: one definition for the archive, the window and every tier.
 
 A turn starts at a human message and runs to the next one; messages before the
-first human message form a turn of their own.
+first human message form a turn of their own. The tool calls a message makes are
+defined here too: a tool result belongs with the call it answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage
+from langchain_core.messages.tool import InvalidToolCall, ToolCall
 
 _ROLE_OF_TYPE = {
     "HumanMessageChunk": "human",
@@ -19,9 +21,29 @@ _ROLE_OF_TYPE = {
     "ChatMessageChunk": "chat",
 }
 
+# A ChatMessage's role as langchain_core reads it (``convert_to_messages`` and the
+# provider integrations send "user" as a user message); other roles stay "chat".
+_ROLE_OF_CHAT_ROLE = {
+    "human": "human",
+    "user": "human",
+    "ai": "ai",
+    "assistant": "ai",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "function",
+}
+
 
 def role_of(message: BaseMessage) -> str:
-    """The archive's role column for a message (chunks count as their full type)."""
+    """The archive's role column for a message.
+
+    Chunks count as their full type; a ``ChatMessage`` counts as the role it
+    names when langchain_core knows that role (``ChatMessage(role="user")`` is a
+    human message, so it opens a turn), else as ``"chat"``.
+    """
+    if isinstance(message, ChatMessage):
+        return _ROLE_OF_CHAT_ROLE.get(message.role, "chat")
     return _ROLE_OF_TYPE.get(message.type, message.type)
 
 
@@ -70,3 +92,21 @@ def split_turns(
         for start, end in bounds
         if keep_leading or roles[start] == "human"
     ]
+
+
+def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
+    """Every tool call ``message`` makes: its ``tool_calls`` and its ``invalid_tool_calls``.
+
+    An invalid call (arguments that are not JSON) is still a call: provider
+    integrations send it among the assistant's tool calls, and ``create_agent``
+    answers it with a ``ToolMessage``, so its result belongs with it as a valid
+    call's does.
+    """
+    if not isinstance(message, AIMessage):
+        return []
+    return [*message.tool_calls, *message.invalid_tool_calls]
+
+
+def tool_call_ids(message: BaseMessage) -> set[str]:
+    """The ids of the tool calls ``message`` makes (:func:`tool_calls_of`) that have one."""
+    return {call_id for call in tool_calls_of(message) if (call_id := call.get("id"))}

@@ -222,10 +222,14 @@ class TieredMemory(BaseChatMemory):
         memories, its MEMORY.md and pending jobs (``backup.forget``). Memories of
         the user's other sessions are kept.
 
+        Checked as a write, as the history's ``clear``: without a ``user_id``, only
+        a session without a user is forgotten.
+
         Raises:
-            SessionOwnershipError: If the session belongs to another user.
+            SessionOwnershipError: If the session belongs to another user (or to
+                one while the history has no ``user_id``).
         """
-        self.history.check_owner()
+        self.history.check_owner(write=True)
         self.history.backup.forget(session_id=self.history.session_id)
 
     async def aclear(self) -> None:

@@ -35,7 +35,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.messages.tool import tool_call
+from langchain_core.messages.tool import invalid_tool_call, tool_call
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from typing_extensions import override
@@ -43,6 +43,7 @@ from typing_extensions import override
 from langchain_tiered_memory.core import steps
 from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.steps import Call, StepPlan, arun, run
+from langchain_tiered_memory.core.turns import tool_call_ids, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     InvalidSessionDateError,
     check_int,
@@ -171,9 +172,14 @@ def _placeholder(message: BaseMessage, exc: Exception) -> BaseMessage | None:
     note = f"[not archived: {type(exc).__name__}: {exc}]"[:1000]
     if isinstance(message, ToolMessage):
         return ToolMessage(note, tool_call_id=message.tool_call_id, id=message.id)
-    if isinstance(message, AIMessage) and message.tool_calls:
+    if isinstance(message, AIMessage) and tool_calls_of(message):
+        # Invalid calls are calls too: their answers follow them.
         calls = [tool_call(name=c["name"], args={}, id=c["id"]) for c in message.tool_calls]
-        return AIMessage(note, tool_calls=calls, id=message.id)
+        invalid = [
+            invalid_tool_call(name=c.get("name"), args=None, id=c.get("id"), error=None)
+            for c in message.invalid_tool_calls
+        ]
+        return AIMessage(note, tool_calls=calls, invalid_tool_calls=invalid, id=message.id)
     return None
 
 
@@ -187,9 +193,7 @@ def _exchange(messages: Sequence[BaseMessage], first: BaseMessage) -> list[BaseM
     if isinstance(first, ToolMessage):
         for i in range(at - 1, -1, -1):
             candidate = messages[i]
-            if isinstance(candidate, AIMessage) and any(
-                c["id"] == first.tool_call_id for c in candidate.tool_calls
-            ):
+            if first.tool_call_id in tool_call_ids(candidate):
                 at = i
                 break
     return list(messages[at:])

@@ -347,12 +347,20 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
         )
 
     def clear(self) -> None:
-        """Delete this session's messages from the archive (it keeps its owner)."""
-        self.backup.clear(self.session_id, user_id=self.user_id)
+        """Delete this session's messages from the archive (it keeps its owner).
+
+        Checked as a write: a history without a ``user_id`` clears only a session
+        without a user.
+
+        Raises:
+            SessionOwnershipError: If this history may not write the session;
+                nothing is deleted.
+        """
+        self.backup.clear(self.session_id, user_id=self.user_id, write=True)
 
     async def aclear(self) -> None:
         """Async :meth:`clear`."""
-        await self.backup.aclear(self.session_id, user_id=self.user_id)
+        await self.backup.aclear(self.session_id, user_id=self.user_id, write=True)
 
     def shutdown(self, drain_timeout: float | None = None) -> int:
         """Let the tiers finish what is queued, within a bound (what a ``with`` block's end does).

@@ -1045,26 +1045,37 @@ class MySQLBackup(Lifecycle):
         """Async :meth:`sessions`."""
         return await self.arun(self._sessions_plan(validate_optional_id(user_id)))
 
-    def _clear_plan(self, session_id: str, user_id: str | None) -> Plan[int]:
-        yield from self.owner_check_plan(session_id, user_id)
+    def _clear_plan(self, session_id: str, user_id: str | None, write: bool) -> Plan[int]:
+        yield from self.owner_check_plan(session_id, user_id, write)
         return (yield from self._delete_plan(session_id, None))
 
-    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
+    def clear(self, session_id: str, *, user_id: str | None = None, write: bool = False) -> int:
         """Delete a session's messages from the archive; returns how many.
 
         The session keeps its owner (its MEMORY.md and memories are kept too; use
-        :meth:`forget` to remove everything).
+        :meth:`forget` to remove everything). Without ``write``, ``user_id=None``
+        is an administrator's and clears any session.
+
+        Args:
+            session_id: The session.
+            user_id: The clearing user, checked as in :meth:`check_owner`.
+            write: Check as for a write: ``user_id`` must be the owner exactly
+                (``None`` then clears only a session without a user), as a
+                history's ``clear`` asks.
 
         Raises:
             SessionOwnershipError: If ``user_id`` is given and the session is not
-                theirs.
+                theirs (with ``write``, also if it has a user while ``user_id`` is
+                ``None``).
         """
-        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
+        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id), write)
         return self.run(plan, write=True)
 
-    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
+    async def aclear(
+        self, session_id: str, *, user_id: str | None = None, write: bool = False
+    ) -> int:
         """Async :meth:`clear`."""
-        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id))
+        plan = self._clear_plan(validate_id(session_id), validate_optional_id(user_id), write)
         return await self.arun(plan, write=True)
 
     def on_forget(self, hook: ForgetHook) -> None:

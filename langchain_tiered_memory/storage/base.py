@@ -256,11 +256,16 @@ class Archive(Protocol):
         """Sessions, most recently active first."""
         ...
 
-    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
-        """Delete a session's messages (it keeps its owner); returns how many."""
+    def clear(self, session_id: str, *, user_id: str | None = None, write: bool = False) -> int:
+        """Delete a session's messages (it keeps its owner); returns how many.
+
+        ``write`` checks ``user_id`` as :meth:`check_owner` does for a write.
+        """
         ...
 
-    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
+    async def aclear(
+        self, session_id: str, *, user_id: str | None = None, write: bool = False
+    ) -> int:
         """Async :meth:`clear`."""
         ...
 
@@ -310,6 +315,8 @@ class InlineAsyncArchive:
         """:meth:`tail`."""
         return self._archive.tail(session_id, turns, user_id=user_id)
 
-    async def aclear(self, session_id: str, *, user_id: str | None = None) -> int:
+    async def aclear(
+        self, session_id: str, *, user_id: str | None = None, write: bool = False
+    ) -> int:
         """:meth:`clear`."""
-        return self._archive.clear(session_id, user_id=user_id)
+        return self._archive.clear(session_id, user_id=user_id, write=write)

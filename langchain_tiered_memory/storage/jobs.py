@@ -37,7 +37,7 @@ from langchain_tiered_memory.core.lifecycle import (
     drain_at_exit,
     forget_at_exit,
 )
-from langchain_tiered_memory.core.turns import role_of, turn_ends, turn_starts
+from langchain_tiered_memory.core.turns import role_of, tool_calls_of, turn_ends, turn_starts
 from langchain_tiered_memory.core.validation import check_int, check_seconds
 from langchain_tiered_memory.storage.base import Plan, PlanRunner, WrittenBatch, utcnow
 
@@ -158,8 +158,12 @@ def backlog_enqueue_plan(
 
 
 def answered(message: BaseMessage) -> bool:
-    """Whether a turn ending with ``message`` is finished: an AI answer without tool calls."""
-    return role_of(message) == "ai" and not getattr(message, "tool_calls", None)
+    """Whether a turn ending with ``message`` is finished: an AI answer without tool calls.
+
+    Invalid tool calls count (:func:`~langchain_tiered_memory.core.turns.tool_calls_of`):
+    their results and the real answer follow.
+    """
+    return role_of(message) == "ai" and not tool_calls_of(message)
 
 
 def settle_plan(kind: str, batch: WrittenBatch) -> Plan[None]:

@@ -277,13 +277,18 @@ class SessionFileArchive(InlineAsyncArchive):
     def sessions(self, user_id: str | None = None) -> list[SessionInfo]:
         """Sessions from their meta files, most recently active first.
 
-        With ``user_id``, the sessions that user ever wrote to.
+        With ``user_id``, the sessions that user ever wrote to. A cleared session
+        (no message left, its owner kept) is not listed, as in ``MySQLBackup``.
         """
+        return [info for info in self._infos(user_id) if info.message_count]
+
+    def _infos(self, user_id: str | None) -> list[SessionInfo]:
+        """Every meta file's session, cleared ones included (``forget`` frees those too)."""
         infos = []
         for meta_path in self.root.glob("*.meta.json"):
             try:
                 meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            except FileNotFoundError:  # cleared while we listed
+            except FileNotFoundError:  # forgotten while we listed
                 continue
             if user_id is not None and user_id not in _users(meta):
                 continue
@@ -298,19 +303,32 @@ class SessionFileArchive(InlineAsyncArchive):
             )
         return sorted(infos, key=lambda info: info.last_active, reverse=True)
 
-    def clear(self, session_id: str, *, user_id: str | None = None) -> int:
-        """Delete the session's files; returns how many messages they held.
+    def clear(self, session_id: str, *, user_id: str | None = None, write: bool = False) -> int:
+        """Delete the session's messages; returns how many there were.
+
+        The meta file stays, with the owner and no message, so the session keeps
+        its owner (as in ``MySQLBackup``); :meth:`forget` frees the id.
+
+        Args:
+            session_id: The session.
+            user_id: The clearing user, checked as in :meth:`check_owner`.
+            write: Check as for a write: ``user_id`` must be the owner exactly
+                (``None`` then clears only a session without a user).
 
         Raises:
-            SessionOwnershipError: If ``user_id`` is given and the session is not
-                theirs.
+            SessionOwnershipError: If the session is not ``user_id``'s (with
+                ``write``, also if it has a user while ``user_id`` is ``None``).
         """
         with self._locked():
-            self.check_owner(session_id, user_id)
-            return self._remove(session_id, None)
+            self.check_owner(session_id, user_id, write=write)
+            return self._remove(session_id, None, keep_owner=True)
 
-    def _remove(self, session_id: str, user_id: str | None) -> int:
-        """Remove a session, or one user's messages of it (under the lock)."""
+    def _remove(self, session_id: str, user_id: str | None, *, keep_owner: bool = False) -> int:
+        """Remove a session, or one user's messages of it (under the lock).
+
+        With ``keep_owner`` (``clear``), a session left without messages keeps its
+        meta file, and so its owner; otherwise both files go and the id is free.
+        """
         stored = self._read(session_id)
         previous = self._meta(session_id)
         writer = (previous or {}).get("user_id")  # who wrote items of older versions
@@ -331,6 +349,11 @@ class SessionFileArchive(InlineAsyncArchive):
             if meta.get("user_id") not in users:
                 meta["user_id"] = keep[-1]["user_id"]
             self._commit(session_id, keep, meta, previous)
+        elif keep_owner and previous is not None:
+            owner = previous.get("user_id")
+            # Only the owner is left to find it: a forget of that user frees the id.
+            meta = {**previous, "message_count": 0, "users": [owner] if owner else []}
+            self._commit(session_id, [], meta, previous)
         else:
             for path in self.paths(session_id):
                 path.unlink(missing_ok=True)
@@ -365,8 +388,7 @@ class SessionFileArchive(InlineAsyncArchive):
                 removed = self._remove(session_id, user_id)
             else:
                 removed = sum(
-                    self._remove(info.session_id, user_id)
-                    for info in self.sessions(user_id=user_id)
+                    self._remove(info.session_id, user_id) for info in self._infos(user_id)
                 )
             for leftover in self.root.iterdir():
                 if TMP_FILE.fullmatch(leftover.name):

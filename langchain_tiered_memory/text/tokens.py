@@ -15,9 +15,34 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, cast
 
 from langchain_core.messages import BaseMessage
+from langchain_core.messages.utils import count_tokens_approximately
+
+from langchain_tiered_memory.core.turns import tool_calls_of
 
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
+#: Tokens charged per image, audio, video or file block, whatever its size: its
+#: base64 or URL says nothing of what a model is charged. As langchain_core's
+#: ``count_tokens_approximately`` (``tokens_per_image=85``, OpenAI's low-detail image).
+TOKENS_PER_MEDIA_BLOCK = 85
+#: Content blocks of media (LangChain's standard blocks, OpenAI's Chat Completions
+#: and Responses, Anthropic's).
+MEDIA_BLOCKS = frozenset(
+    {
+        "image",
+        "image_url",
+        "input_image",
+        "audio",
+        "input_audio",
+        "video",
+        "file",
+        "input_file",
+        "document",
+    }
+)
+# Blocks that repeat a tool call (Anthropic's ``tool_use``): counted once, from the
+# message's tool calls.
+_CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
 
 # Han, kana, hangul and CJK punctuation: each is usually one or more BPE tokens.
 _CJK_RANGES = (
@@ -38,8 +63,8 @@ SAMPLE_CHARS = 1024
 CACHE_ABOVE = 512
 CACHE_SIZE = 65_536
 
-#: A function of a message list, a function of one message, or a chat model
-#: with ``get_num_tokens_from_messages`` (what ``trim_messages`` accepts).
+#: A function of a message list, a function of one message, a chat model with
+#: ``get_num_tokens_from_messages``, or ``"approximate"`` (what ``trim_messages`` accepts).
 TokenCounter: TypeAlias = Callable[[list[BaseMessage]], int] | Callable[[BaseMessage], int] | Any
 
 
@@ -79,8 +104,29 @@ def _estimate(text: str) -> int:
     return int(sampled * len(text) / seen + 0.999)
 
 
-def _message_text(message: BaseMessage) -> str:
+def _block_text(block: dict[str, Any]) -> str:
+    """The text a model reads in one non-media content block."""
+    kind = block.get("type")
+    if kind == "thinking":  # Anthropic's extended thinking
+        return str(block.get("thinking") or "")
+    if kind == "reasoning":  # LangChain's standard block; OpenAI's has summaries
+        summary = block.get("summary")
+        parts = [str(block.get("reasoning") or "")]
+        if isinstance(summary, list):
+            parts += [str(s.get("text") or "") for s in summary if isinstance(s, dict)]
+        return "\n".join(part for part in parts if part)
+    text = block.get("text") or block.get("content")
+    if text is not None:
+        return str(text)
+    # A block of a kind not known here: its JSON, so it is never counted as nothing.
+    return json.dumps(block, ensure_ascii=False, default=str)
+
+
+def _message_parts(message: BaseMessage) -> tuple[str, int]:
+    """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
+    calls = tool_calls_of(message)
+    fixed = 0
     if isinstance(content, str):
         text = content
     else:
@@ -89,15 +135,24 @@ def _message_text(message: BaseMessage) -> str:
             if isinstance(block, str):
                 parts.append(block)
             elif isinstance(block, dict):
-                parts.append(str(block.get("text") or block.get("content") or ""))
+                kind = block.get("type")
+                if kind in MEDIA_BLOCKS:
+                    fixed += TOKENS_PER_MEDIA_BLOCK
+                elif not (kind in _CALL_BLOCKS and calls):
+                    parts.append(_block_text(block))
         text = "\n".join(parts)
-    tool_calls = getattr(message, "tool_calls", None)
-    if tool_calls:
+    if calls:
         text += json.dumps(
-            [{"name": c.get("name"), "args": c.get("args")} for c in tool_calls],
+            [{"name": c.get("name"), "args": c.get("args")} for c in calls],
             ensure_ascii=False,
+            default=str,
         )
-    return text
+    return text, fixed
+
+
+def _message_tokens(message: BaseMessage) -> int:
+    text, fixed = _message_parts(message)
+    return _text_tokens(text) + fixed + MESSAGE_OVERHEAD
 
 
 def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
@@ -105,7 +160,10 @@ def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
 
     Counts CJK characters and the words, numbers and punctuation of the rest, so
     Chinese is not undercounted the way ``len(text) / 4`` undercounts it. Messages
-    add a small per-message overhead and the JSON of their tool calls.
+    add a small per-message overhead and the JSON of their tool calls; their
+    thinking and reasoning blocks count as text, each image, audio, video or file
+    block as :data:`TOKENS_PER_MEDIA_BLOCK`, and a block of another kind as its
+    JSON.
 
     Args:
         value: A string, one message, or a sequence of messages.
@@ -122,8 +180,8 @@ def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
     if isinstance(value, str):
         return _text_tokens(value)
     if isinstance(value, BaseMessage):
-        return _text_tokens(_message_text(value)) + MESSAGE_OVERHEAD
-    return sum(_text_tokens(_message_text(m)) + MESSAGE_OVERHEAD for m in value)
+        return _message_tokens(value)
+    return sum(_message_tokens(m) for m in value)
 
 
 def resolve_token_counter(
@@ -132,18 +190,28 @@ def resolve_token_counter(
     """Turn any accepted ``token_counter`` into a function of a message list.
 
     Accepts what ``langchain_core.messages.trim_messages`` accepts: a function of a
-    list of messages, a function of one message (annotated ``BaseMessage``), or a
-    chat model with ``get_num_tokens_from_messages``. ``None`` means
+    list of messages, a function of one message (annotated ``BaseMessage``), a
+    chat model with ``get_num_tokens_from_messages``, or ``"approximate"``
+    (langchain_core's ``count_tokens_approximately``). ``None`` means
     :func:`estimate_tokens`.
+
+    Raises:
+        TypeError: If ``token_counter`` is none of these.
     """
     if token_counter is None:
         return estimate_tokens
+    # trim_messages' one string shortcut (a str test first: `==` on an array is no bool)
+    if isinstance(token_counter, str) and token_counter == "approximate":
+        return lambda messages: count_tokens_approximately(list(messages))
     if hasattr(token_counter, "get_num_tokens_from_messages"):
         return lambda messages: token_counter.get_num_tokens_from_messages(list(messages))
     if not callable(token_counter):
+        # A string names itself; any other value, its type.
+        kind = type(token_counter).__name__
+        got = repr(token_counter) if isinstance(token_counter, str) else kind
         msg = (
-            "token_counter must be a function or a chat model with "
-            f"get_num_tokens_from_messages, got {type(token_counter).__name__}"
+            "token_counter must be a function, a chat model with "
+            f'get_num_tokens_from_messages or "approximate", got {got}'
         )
         raise TypeError(msg)
     params = list(inspect.signature(token_counter).parameters.values())

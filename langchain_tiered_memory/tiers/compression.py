@@ -33,7 +33,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import roles_of
+from langchain_tiered_memory.core.turns import roles_of, tool_call_ids, tool_calls_of
 from langchain_tiered_memory.core.turns import turn_starts as core_turn_starts
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
@@ -167,7 +167,7 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
             msg = f"message {index} comes before tool calls {sorted(open_calls)} were answered"
             raise ValueError(msg)
         if isinstance(message, AIMessage):
-            open_calls = {call_id for call in message.tool_calls if (call_id := call["id"])}
+            open_calls = tool_call_ids(message)
 
 
 class ContextCompressor(Runnable[Any, list[BaseMessage]]):
@@ -358,12 +358,14 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 label = roles["human"]
             elif isinstance(message, AIMessage):
                 digest.ai += 1
-                for call in message.tool_calls:
-                    tool_names[call.get("id") or ""] = call["name"]
-                    if call["name"] not in digest.tools:
-                        digest.tools.append(call["name"])
-                if not text and message.tool_calls:
-                    text = "→ " + ", ".join(call["name"] for call in message.tool_calls)
+                calls = tool_calls_of(message)
+                names = [call.get("name") or "tool" for call in calls]
+                for call, name in zip(calls, names, strict=True):
+                    tool_names[call.get("id") or ""] = name
+                    if name not in digest.tools:
+                        digest.tools.append(name)
+                if not text and calls:
+                    text = "→ " + ", ".join(names)
                 label = roles["ai"]
             elif isinstance(message, ToolMessage):
                 digest.tool += 1

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 
-from langchain_tiered_memory.core.turns import split_turns
+from langchain_tiered_memory.core.turns import split_turns, tool_call_ids
 
 # split_turns lives in core.turns; it is re-exported here for its older importers.
 __all__ = ["drop_orphan_tool_messages", "select_window", "split_turns"]
 
 
 def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Remove tool results whose calling ``AIMessage`` is not in ``messages``."""
+    """Remove tool results whose calling ``AIMessage`` is not in ``messages``.
+
+    A call is any of :func:`~langchain_tiered_memory.core.turns.tool_calls_of`,
+    invalid ones included.
+    """
     called: set[str] = set()
     kept: list[BaseMessage] = []
     for message in messages:
-        if isinstance(message, AIMessage):
-            called.update(call["id"] for call in message.tool_calls if call["id"])
+        called |= tool_call_ids(message)
         if isinstance(message, ToolMessage) and message.tool_call_id not in called:
             continue
         kept.append(message)
