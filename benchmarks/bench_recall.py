@@ -112,7 +112,8 @@ class Row:
         return out
 
 
-def _memory(workdir: Path, name: str, embedding: Embeddings) -> ChromaLongMemory:
+def recall_store(workdir: Path, name: str, embedding: Embeddings) -> ChromaLongMemory:
+    """A long-term tier in ``workdir`` (SQLite archive, embedded Chroma), no worker thread."""
     backup = MySQLBackup(f"sqlite:///{workdir / f'{name}.sqlite3'}")
     return ChromaLongMemory(
         persist_directory=workdir / f"{name}-chroma",
@@ -173,6 +174,14 @@ def ingest_locomo(memory: ChromaLongMemory, sample: dict[str, Any], user: str) -
     return dia_of
 
 
+def evidence(qa: dict[str, Any]) -> set[str]:
+    """A LoCoMo question's evidence turns (``D<session>:<turn>``), read leniently.
+
+    Some evidence strings are malformed (``'D8:6; D9:17'``, ``'D:11:26'``).
+    """
+    return {f"D{s}:{t}" for s, t in _DIA.findall(" ".join(map(str, qa["evidence"])))}
+
+
 #: LoCoMo's question categories by the official code (5, adversarial, has no evidence).
 LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
@@ -191,7 +200,7 @@ def locomo_recall(
     questions through Chroma's HNSW (the path of large scopes).
     """
     samples = json.loads((eval_dir / "locomo_dev.json").read_text(encoding="utf-8"))
-    memory = _memory(workdir, f"locomo-{name}", embedding)
+    memory = recall_store(workdir, f"locomo-{name}", embedding)
     paths = {memory.exact_limit: "LoCoMo dev"}
     if hnsw:
         paths[0] = "LoCoMo dev (dense via Chroma HNSW)"
@@ -217,7 +226,7 @@ def locomo_recall(
                 category = qa.get("category")
                 if category not in LOCOMO_CATEGORIES:
                     continue
-                gold = {f"D{s}:{t}" for s, t in _DIA.findall(" ".join(map(str, qa["evidence"])))}
+                gold = evidence(qa)
                 if not gold:
                     continue
                 docs, seconds = _search(memory, qa["question"], user, k)
@@ -247,7 +256,7 @@ def madial_recall(
 ) -> list[Row]:
     """Recall@k of MADial-zh dev: each memory a one-message turn of its user."""
     folder = eval_dir / "madial_zh"
-    memory = _memory(workdir, f"madial-{name}", embedding)
+    memory = recall_store(workdir, f"madial-{name}", embedding)
     row = Row("MADial-zh dev", name, f"recall@{k}")
     memory_of: dict[int, str] = {}
     for line in (folder / "memory.jsonl").read_text(encoding="utf-8").splitlines():
@@ -296,7 +305,7 @@ def lme_recall(
 ) -> list[Row]:
     """Session recall_any@5 and @10 of the first ``haystacks`` LongMemEval-S dev questions."""
     items = json.loads((eval_dir / "longmemeval_s_dev.json").read_text(encoding="utf-8"))
-    memory = _memory(workdir, f"lme-{name}", embedding)
+    memory = recall_store(workdir, f"lme-{name}", embedding)
     rows = {k: Row("LongMemEval-S dev", name, f"recall_any@{k}") for k in (5, 10)}
     for number, item in enumerate(items[:haystacks]):
         user = f"lme-{number}"
