@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import ModelRetryMiddleware, SummarizationMiddleware
+from langchain.agents.middleware import (
+    ModelRetryMiddleware,
+    PIIMiddleware,
+    SummarizationMiddleware,
+)
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
@@ -368,6 +372,43 @@ async def test_messages_a_summarization_middleware_removes_mid_run_are_archived(
         await backup.adispose()
 
 
+@pytest.mark.parametrize("redacted", ["input", "tool results"])
+def test_what_a_pii_middleware_listed_after_redacts_is_archived_redacted_once(
+    backup: MySQLBackup, redacted: str
+) -> None:
+    # The input and this step's tool results wait for the next call: archived at
+    # the first model call, the raw email was archived, then its redacted copy too.
+    @tool
+    def contact(name: str) -> str:
+        """A customer's contact."""
+        return f"{name}: alice@example.com"
+
+    model = script(
+        AIMessage("", tool_calls=[{"name": "contact", "args": {"name": "a"}, "id": "c1"}]),
+        "Done.",
+    )
+    pii = PIIMiddleware(
+        "email",
+        strategy="redact",
+        apply_to_input=redacted == "input",
+        apply_to_tool_results=redacted == "tool results",
+    )
+    agent = create_agent(
+        model,
+        [contact],
+        middleware=[TieredMemoryMiddleware(backup=backup), pii],
+        checkpointer=InMemorySaver(),
+    )
+    agent.invoke(ask("Mail bob@example.com the contact of a."), thread("t1"))
+
+    archived = backup.get_messages("t1")
+    assert archived == agent.get_state(thread("t1")).values["messages"]
+    assert roles(archived) == ["human", "ai", "tool", "ai"]
+    leaked = "bob@example.com" if redacted == "input" else "alice@example.com"
+    assert leaked not in text_of(archived)
+    validate_conversation(archived)
+
+
 def test_a_question_edited_by_time_travel_is_archived_before_its_answer(
     backup: MySQLBackup,
 ) -> None:
@@ -626,12 +667,10 @@ def test_a_prompt_too_large_even_compressed_is_refused(backup: MySQLBackup) -> N
         [stock_level],
         middleware=[TieredMemoryMiddleware(backup=backup, compressor=compressor)],
     )
-    question = "Please list " + "every invoice " * 40
     with pytest.raises(ContextOverflowError, match="over the limit of 30"):
-        agent.invoke(ask(question), thread("t1"))
+        agent.invoke(ask("Please list " + "every invoice " * 40), thread("t1"))
     assert model.prompts == []
-    # The run failed: what the user asked is kept (archived before the model call).
-    assert [m.text for m in backup.get_messages("t1")] == [question]
+    assert backup.get_messages("t1") == []  # the run failed: nothing to archive
 
 
 def test_compression_can_be_turned_off(backup: MySQLBackup) -> None:

@@ -219,11 +219,15 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
       yet are archived into the session's
       :class:`~langchain_tiered_memory.TieredChatMessageHistory` (durably, in
       order, so tool pairs stay together), which queues their extraction into
-      long-term memory. Archiving before each call keeps what a middleware listed
-      after this one (summarization, trimming) removes from the state: list this
-      one first. The messages' ids and contents are kept in a private state key,
-      so with a checkpointer a message is archived once across runs; without one,
-      messages re-sent with their ids are recognised in the archive's last turns.
+      long-term memory. Before a call, the messages up to the last model answer
+      are archived: what a middleware listed after this one (summarization,
+      trimming) removes from the state is kept, so list this one first. The
+      messages after that answer (the run's input, this step's tool results) wait
+      for the next call or the end of the run, so a middleware listed after this
+      one (PII redaction) rewrites them before they are archived. The messages'
+      ids and contents are kept in a private state key, so with a checkpointer a
+      message is archived once across runs; without one, messages re-sent with
+      their ids are recognised in the archive's last turns.
       A message edited under its id is archived as a new one.
 
     The session is ``config["configurable"]["session_id"]``, falling back to
@@ -513,13 +517,13 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
             lambda: history.check_owner(write=True),
             lambda: history.acheck_owner(write=True),
         )
-        return (yield from self._archive_plan(state, history))
+        return (yield from self._archive_plan(state, history, settled_only=True))
 
     @override
     def before_model(
         self, state: TieredMemoryState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        """Check the run's input and session, and archive the thread's new messages."""
+        """Check the run's input and session; archive the thread up to the last answer."""
         return run(self._before_model_plan(state, runtime))
 
     @override
@@ -532,18 +536,37 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
     # -- after the run ----------------------------------------------------------
 
     @staticmethod
-    def _unarchived(state: TieredMemoryState) -> tuple[list[BaseMessage], list[str]]:
-        """The thread's messages not archived yet, and the fingerprints of all of them."""
+    def _unarchived(
+        state: TieredMemoryState, *, settled_only: bool = False
+    ) -> tuple[list[BaseMessage], list[str]]:
+        """The thread's messages not archived yet; the fingerprints once they are.
+
+        With ``settled_only``, only the messages up to the last model answer: those
+        after it (the run's input, this step's tool results) may still be rewritten
+        under their ids by a middleware listed after this one (PII redaction)
+        before the model sees them; they are archived at the next call or after
+        the run.
+        """
         messages = state["messages"]
         # A bare id: recorded by a version that kept ids only.
         archived = set(state.get(ARCHIVED_KEY) or ())
+
+        def known(message: BaseMessage) -> bool:
+            return message.id in archived or fingerprint(message) in archived
+
+        settled = len(messages)
+        if settled_only:
+            answers = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
+            settled = answers[-1] + 1 if answers else 0
         fresh: list[BaseMessage] = [
-            m
-            for m in messages
-            if (m.id is None or (m.id not in archived and fingerprint(m) not in archived))
-            and _archivable(m)
+            m for m in messages[:settled] if (m.id is None or not known(m)) and _archivable(m)
         ]
-        return fresh, [fingerprint(m) for m in messages if m.id is not None]
+        ids = [
+            fingerprint(m)
+            for i, m in enumerate(messages)
+            if m.id is not None and (i < settled or known(m))
+        ]
+        return fresh, ids
 
     @staticmethod
     def _tail_turns(fresh: Sequence[BaseMessage]) -> int:
@@ -559,10 +582,14 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         return [m for m in fresh if m.id is None or fingerprint(m) not in known]
 
     def _archive_plan(
-        self, state: TieredMemoryState, history: TieredChatMessageHistory
+        self,
+        state: TieredMemoryState,
+        history: TieredChatMessageHistory,
+        *,
+        settled_only: bool = False,
     ) -> StepPlan[dict[str, Any] | None]:
         session_id, user_id = history.session_id, history.user_id
-        fresh, ids = self._unarchived(state)
+        fresh, ids = self._unarchived(state, settled_only=settled_only)
         # A message made during the run (a tool's) that the archive refuses is
         # logged and left out, not raised: the run has answered, and raising would
         # fail every later run of the thread on the same message.
