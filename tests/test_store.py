@@ -29,6 +29,7 @@ from langchain_tiered_memory.integrations.store import (
 from langchain_tiered_memory.storage import archive
 from langchain_tiered_memory.text.embeddings import model_name
 
+from .conftest import MYSQL_URL, require_mysql
 from .fakes import HashEmbeddings, SaltedHashEmbeddings
 
 MEMORIES = {
@@ -293,12 +294,22 @@ def test_concurrent_batches_over_the_same_keys_all_land_whole(store: TieredStore
     assert set(values.values()) <= last_rounds
 
 
+@pytest.fixture
+def mysql_store(table_name: str) -> Iterator[TieredStore]:
+    """A store on the MySQL server only (SQLite serializes writers: no deadlock)."""
+    require_mysql()
+    tiered = TieredStore(MySQLBackup(MYSQL_URL, table_name=table_name))
+    yield tiered
+    tiered.metadata.drop_all(tiered.backup.engine)
+    tiered.backup.dispose()
+
+
+@pytest.mark.mysql
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_batch_the_server_rolls_back_on_a_deadlock_runs_again(
-    store: TieredStore, monkeypatch: pytest.MonkeyPatch, mode: str
+    mysql_store: TieredStore, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    if store.backup.dialect == "sqlite":
-        pytest.skip("SQLite serializes writers: it never reports a deadlock")
+    store = mysql_store
     store.put(("n",), "kept", {"v": "old"})
     reported: list[str] = []
     every_time = False
