@@ -550,22 +550,19 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         messages = state["messages"]
         # A bare id: recorded by a version that kept ids only.
         archived = set(state.get(ARCHIVED_KEY) or ())
-
-        def known(message: BaseMessage) -> bool:
-            return message.id in archived or fingerprint(message) in archived
-
+        # Hashed once per message: this runs before every model call, on the whole thread.
+        prints = [None if m.id is None else fingerprint(m) for m in messages]
+        known = [m.id in archived or p in archived for m, p in zip(messages, prints, strict=True)]
         settled = len(messages)
         if settled_only:
             answers = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
             settled = answers[-1] + 1 if answers else 0
         fresh: list[BaseMessage] = [
-            m for m in messages[:settled] if (m.id is None or not known(m)) and _archivable(m)
+            m
+            for i, m in enumerate(messages[:settled])
+            if (m.id is None or not known[i]) and _archivable(m)
         ]
-        ids = [
-            fingerprint(m)
-            for i, m in enumerate(messages)
-            if m.id is not None and (i < settled or known(m))
-        ]
+        ids = [p for i, p in enumerate(prints) if p is not None and (i < settled or known[i])]
         return fresh, ids
 
     @staticmethod
