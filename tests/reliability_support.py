@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -452,13 +452,16 @@ class ChaosExtractor(GenericFakeChatModel):
             raise RuntimeError(msg)
         if mode == "hang":
             time.sleep(self.hang)
-        content = {
-            "empty": "",
-            "blocks": [{"type": "image_url", "image_url": {"url": "data:,"}}],
-            "surrogate": f"Summary: {key} with a lone \ud800 surrogate",
-            "huge": "y" * self.huge,
-            "none": "NONE",
-        }.get(mode, f"Summary: {key}")
+        # Only this mode's answer is built: a 20 MB string made on every call would
+        # land in whatever another test is measuring (a hung call wakes late).
+        answers: dict[str, Callable[[], Any]] = {
+            "empty": lambda: "",
+            "blocks": lambda: [{"type": "image_url", "image_url": {"url": "data:,"}}],
+            "surrogate": lambda: f"Summary: {key} with a lone \ud800 surrogate",
+            "huge": lambda: "y" * self.huge,
+            "none": lambda: "NONE",
+        }
+        content = answers.get(mode, lambda: f"Summary: {key}")()
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=content))])
 
 

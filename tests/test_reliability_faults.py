@@ -21,7 +21,6 @@ import asyncio
 import json
 import threading
 import time
-import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ from sqlalchemy import insert, make_url, select, update
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.storage.base import utcnow
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
-from langchain_tiered_memory.tiers.long_memory import MEMORY_CHARS, ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from langchain_tiered_memory.tiers.long_memory.catalog import storable
 
 from .conftest import MYSQL_URL, require_mysql
@@ -52,6 +51,7 @@ from .reliability_support import (
     private_mariadb,
     table_rows,
 )
+from .scripts import run_python
 
 MakeMemory = Callable[..., ChromaLongMemory]
 
@@ -580,19 +580,27 @@ def test_a_misbehaving_extractor_never_blocks_the_chat(
     )
 
 
-def test_a_huge_answer_is_cut_before_it_is_scanned() -> None:
+def test_a_huge_answer_is_cut_before_it_is_scanned(tmp_path: Path) -> None:
     """The worker's work on an answer is bounded by the memory size, not the answer's.
 
     A regex over a 20 MB answer holds the GIL for the whole scan and stalls the
     chat's own threads; the answer is cut first, so no copy of it is ever made.
+    Measured in an interpreter of its own: tracemalloc counts every thread's
+    allocations, and an earlier test's abandoned extractor call may still be running.
     """
-    huge = "y" * (20 * 1024 * 1024) + "\ud800"  # the lone surrogate forces a rewrite
-    tracemalloc.start()
-    try:
-        text = storable(huge)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert len(text) == MEMORY_CHARS and text.endswith("…")
+    code = """
+import tracemalloc
+
+from langchain_tiered_memory.tiers.long_memory.catalog import MEMORY_CHARS, storable
+
+huge = "y" * (20 * 1024 * 1024) + "\\ud800"  # the lone surrogate forces a rewrite
+tracemalloc.start()
+text = storable(huge)
+_, peak = tracemalloc.get_traced_memory()
+tracemalloc.stop()
+assert len(text) == MEMORY_CHARS and text.endswith("…"), len(text)
+print(peak)
+"""
+    peak = int(run_python(code, tmp_path).stdout.split()[-1])
     assert peak < 1024 * 1024, f"{peak} bytes: the answer was copied before it was cut"
     assert storable("a \ud800 b") == "a \ufffd b"

@@ -37,8 +37,18 @@ from .scripts import run_python
 pytestmark = pytest.mark.timeout(600)
 
 
-def worker_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("tiered-memory-")]
+def workers() -> set[threading.Thread]:
+    """The package's worker threads alive in this process."""
+    return {t for t in threading.enumerate() if t.name.startswith("tiered-memory-")}
+
+
+def new_workers(before: set[threading.Thread]) -> list[str]:
+    """The names of the workers alive now that were not in ``before``.
+
+    An earlier test's worker may still be ending in this process (a batch it did not
+    wait for), so a test counts only the threads it started.
+    """
+    return sorted(t.name for t in workers() - before)
 
 
 def queued(backup: MySQLBackup, kind: str = "extract") -> list[Any]:
@@ -205,14 +215,14 @@ def test_the_exit_drain_of_several_busy_tiers_keeps_one_bound_in_all(tmp_path: P
 def test_with_a_long_memory_drains_then_stops_its_worker(
     make_memory: Any, backup: MySQLBackup
 ) -> None:
-    before = len(worker_threads())
+    before = workers()
     with make_memory(start_worker=True, idle_seconds=300) as memory:
-        assert len(worker_threads()) == before + 1
+        assert new_workers(before) == ["tiered-memory-ChromaLongMemory"]
         history = TieredChatMessageHistory("s1", backup=backup, long_memory=memory)
         history.add_messages(turn(1))
         # An open turn waits 300 s for its answer; the end of the block does not.
         history.add_messages([HumanMessage("The warehouse code is W-17.")])
-    assert len(worker_threads()) == before
+    assert new_workers(before) == []
     assert queued(backup) == []
     texts = [row.text for row in catalog(backup, "s1")]
     assert len(texts) == 2 and any("W-17" in text for text in texts), texts
@@ -221,11 +231,11 @@ def test_with_a_long_memory_drains_then_stops_its_worker(
 async def test_async_with_a_long_memory_drains_then_stops(
     make_memory: Any, backup: MySQLBackup
 ) -> None:
-    before = len(worker_threads())
+    before = workers()
     async with backup, make_memory(start_worker=True) as memory:
         history = TieredChatMessageHistory("s1", backup=backup, long_memory=memory)
         await history.aadd_messages(turn(1))
-    assert len(worker_threads()) == before
+    assert new_workers(before) == []
     assert queued(backup) == []
     assert len(catalog(backup, "s1")) == 1
 
@@ -233,7 +243,7 @@ async def test_async_with_a_long_memory_drains_then_stops(
 def test_shutdown_is_bounded_and_leaves_the_rest_queued(
     make_memory: Any, backup: MySQLBackup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before = len(worker_threads())
+    before = workers()
     memory = make_memory(
         start_worker=True,
         extractor=SleepyModel(delay=5.0),
@@ -253,19 +263,20 @@ def test_shutdown_is_bounded_and_leaves_the_rest_queued(
         "process that opens it with this tier finishes them"
     ]
     # The batch it did not wait for ends on its own (a process that exits drops it).
-    assert wait_until(lambda: len(worker_threads()) == before, timeout=120)
+    assert wait_until(lambda: new_workers(before) == [], timeout=120)
 
 
 def test_drain_keeps_the_worker_and_counts_nothing_left(
     make_memory: Any, backup: MySQLBackup
 ) -> None:
+    before = workers()
     memory = make_memory(start_worker=True)
     assert memory.drain_timeout == DRAIN_TIMEOUT == 10.0
     assert memory.drain() == 0  # nothing queued: returns at once, whatever the model
     TieredChatMessageHistory("s1", backup=backup, long_memory=memory).add_messages(turn(1))
     assert memory.drain(60) == 0
     assert len(catalog(backup, "s1")) == 1
-    assert "tiered-memory-ChromaLongMemory" in worker_threads()  # still running
+    assert new_workers(before) == ["tiered-memory-ChromaLongMemory"]  # still running
     with pytest.raises(ValueError, match="timeout"):
         memory.drain(-1)
 
@@ -273,12 +284,13 @@ def test_drain_keeps_the_worker_and_counts_nothing_left(
 def test_with_a_history_drains_its_tiers_and_keeps_them_running(
     make_memory: Any, backup: MySQLBackup
 ) -> None:
+    before = workers()
     memory = make_memory(start_worker=True)
     with TieredChatMessageHistory("s1", backup=backup, long_memory=memory) as history:
         history.add_messages(turn(1))
     assert len(catalog(backup, "s1")) == 1
     # Other histories may share the tier: it keeps running after this one ends.
-    assert "tiered-memory-ChromaLongMemory" in worker_threads()
+    assert new_workers(before) == ["tiered-memory-ChromaLongMemory"]
     TieredChatMessageHistory("s2", backup=backup, long_memory=memory).add_messages(turn(2))
     assert memory.shutdown(30) == 0
     assert len(catalog(backup, "s2")) == 1
@@ -316,13 +328,14 @@ async def test_async_with_an_archive_closes_both_engines(backup: MySQLBackup) ->
 def test_with_a_consolidator_writes_memory_md_before_it_ends(
     make_consolidator: Any, backup: MySQLBackup
 ) -> None:
+    before = workers()
     with make_consolidator(ScriptedChatModel(), start_worker=True) as consolidator:
         history = TieredChatMessageHistory("s1", backup=backup, consolidator=consolidator)
         for n in range(4):  # 8 messages: past the threshold of 4
             history.add_messages(
                 [HumanMessage(f"Remember code K-{n}."), AIMessage(f"Noted: code K-{n}.")]
             )
-    assert "tiered-memory-MemoryConsolidator" not in worker_threads()
+    assert new_workers(before) == []
     assert queued(backup, "consolidate") == []
     assert "K-0" in consolidator.memory("s1")
 
