@@ -131,6 +131,12 @@ class SaltedHashEmbeddings(HashEmbeddings):
     salt = "salted:"
 
 
+class WideHashEmbeddings(HashEmbeddings):
+    """A model of another size (384, as MiniLM after a 256-dimension model)."""
+
+    dims = 384
+
+
 USAGE = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
 
 

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT_TIMEOUT = 240
 
 
-def run_python(code: str, folder: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in ``folder`` with this checkout's package; it must exit 0.
+def run_python(code: str, folder: Path, returncode: int = 0) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in ``folder`` with this checkout's package; it must exit ``returncode``.
 
     The package's home is ``folder/home`` and no ``TIERED_MEMORY_URL`` is set, so the
     script sees the defaults a fresh user would.
@@ -28,5 +28,5 @@ def run_python(code: str, folder: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=SCRIPT_TIMEOUT,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == returncode, done.stdout + done.stderr
     return done

@@ -27,7 +27,8 @@ from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
 from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
-from .fakes import HashEmbeddings, SaltedHashEmbeddings
+from .fakes import HashEmbeddings, SaltedHashEmbeddings, WideHashEmbeddings
+from .scripts import run_python
 
 MakeKB = Callable[..., KnowledgeBase]
 
@@ -681,12 +682,6 @@ def test_sources_of_other_types_are_other_documents(make_kb: MakeKB) -> None:
     assert stored_texts(kb) == ["Pay within 10 days."]
 
 
-class _Bigger(HashEmbeddings):
-    """A model of another size (384, as MiniLM after a 256-dimension model)."""
-
-    dims = 384
-
-
 async def test_a_model_of_another_size_is_named_until_reindex_moves_the_chunks(
     make_kb: MakeKB, chroma_client: Any
 ) -> None:
@@ -694,7 +689,10 @@ async def test_a_model_of_another_size_is_named_until_reindex_moves_the_chunks(
     kb.add_texts([AR_DOC, "Deployments happen on Fridays."], [{"source": "wiki/ar"}, {}])
     count = kb.count()
     bigger = make_kb(
-        chunk_size=60, chunk_overlap=0, collection_name=kb.collection.name, embedding=_Bigger()
+        chunk_size=60,
+        chunk_overlap=0,
+        collection_name=kb.collection.name,
+        embedding=WideHashEmbeddings(),
     )
 
     with pytest.raises(EmbeddingDimensionError, match=r"reindex\(\)") as refused:
@@ -719,11 +717,63 @@ async def test_a_model_of_another_size_is_named_until_reindex_moves_the_chunks(
     ]
 
 
+KILLED_REINDEX = """
+import os
+from chromadb.api.models.Collection import Collection
+from langchain_tiered_memory import KnowledgeBase
+from tests.fakes import HashEmbeddings, WideHashEmbeddings
+
+texts = [{doc!r}, "Deployments happen on Fridays."]
+kb = KnowledgeBase(persist_directory="chroma", collection_name="kb-ar", chunk_size=60,
+                   chunk_overlap=0, embedding=HashEmbeddings())
+kb.add_texts(texts, [{{"source": "wiki/ar"}}, {{}}])
+print(kb.count(), flush=True)
+modify, renames = Collection.modify, []
+
+def killed(self, *args, **kwargs):  # the process dies after {kill_after} renames
+    if len(renames) == {kill_after}:
+        os._exit(9)
+    modify(self, *args, **kwargs)
+    renames.append(kwargs)
+    if len(renames) == {kill_after}:
+        os._exit(9)
+
+Collection.modify = killed
+KnowledgeBase(persist_directory="chroma", collection_name="kb-ar", chunk_size=60,
+              chunk_overlap=0, embedding=WideHashEmbeddings()).reindex()
+"""
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 2])
+def test_a_reindex_killed_at_any_step_loses_no_chunk(tmp_path: Path, kill_after: int) -> None:
+    """A process killed while ``reindex`` swaps collections (before, between or after
+    its renames) leaves every chunk; the next knowledge base of the name finishes."""
+    code = KILLED_REINDEX.format(doc=AR_DOC, kill_after=kill_after)
+    count = int(run_python(code, tmp_path, returncode=9).stdout.split()[0])
+
+    kb = KnowledgeBase(
+        persist_directory=tmp_path / "chroma",
+        collection_name="kb-ar",
+        chunk_size=60,
+        chunk_overlap=0,
+        embedding=WideHashEmbeddings(),
+    )
+    if kill_after == 0:  # killed before the old chunks lost their name: reindex again
+        with pytest.raises(EmbeddingDimensionError):
+            kb.search("reminder email")
+        assert kb.reindex() == count
+    assert kb.count() == count
+    top = kb.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
+    names = [collection.name for collection in kb.client.list_collections()]
+    assert not [name for name in names if name.startswith("kb-retired-")], names
+
+
 def test_an_emptied_collection_keeps_its_size_until_reindex(make_kb: MakeKB) -> None:
     kb = make_kb()
     kb.add_texts(["Invoices are due in 30 days."], [{"source": "wiki/ar"}])
     kb.delete_source("wiki/ar")
-    bigger = make_kb(collection_name=kb.collection.name, embedding=_Bigger())
+    bigger = make_kb(collection_name=kb.collection.name, embedding=WideHashEmbeddings())
 
     with pytest.raises(EmbeddingDimensionError, match="256 dimensions"):
         bigger.add_texts(["Invoices are due in 30 days."], [{"source": "wiki/ar"}])

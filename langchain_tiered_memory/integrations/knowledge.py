@@ -66,6 +66,13 @@ MODEL_KEY = "embedding_model"
 SOURCE_LOCKS = tuple(threading.Lock() for _ in range(64))
 #: What the size errors advise: Chroma fixes a collection's vector size at its first vector.
 REINDEX = "use that model, or call reindex() to embed the chunks again with this one"
+#: ``reindex`` to another size writes a new collection (``kb-reindex-<token>``, its
+#: metadata naming the knowledge base and the token), renames the old one
+#: ``kb-retired-<token>``, gives the new one the name, then deletes the old one.
+REINDEX_PREFIX = "kb-reindex-"
+RETIRED_PREFIX = "kb-retired-"
+REINDEX_OF = "kb_reindex_of"
+REINDEX_TOKEN = "kb_reindex_token"
 
 
 def _separators(base: Sequence[str]) -> list[str]:
@@ -246,6 +253,7 @@ class KnowledgeBase:
             client, persist_directory, host, port, feature="KnowledgeBase"
         )
         try:
+            self._finish_reindex(collection_name)
             self.collection = self.client.get_or_create_collection(
                 collection_name, embedding_function=None, metadata=COLLECTION_METADATA
             )
@@ -605,25 +613,74 @@ class KnowledgeBase:
                 self._store(self.collection, ids, chunks, vectors, metadatas)
                 return len(ids)
             # Another size, or none stored (an emptied collection keeps its size).
+            name = self.collection.name
+            token = uuid.uuid4().hex
+            metadata = dict(self.collection.metadata or COLLECTION_METADATA)
             fresh = self.client.create_collection(
-                f"kb-reindex-{uuid.uuid4().hex}",
+                f"{REINDEX_PREFIX}{token}",
                 embedding_function=None,
-                metadata=dict(self.collection.metadata or COLLECTION_METADATA),
+                metadata={**metadata, REINDEX_OF: name, REINDEX_TOKEN: token},
             )
             try:
                 self._store(fresh, ids, chunks, vectors, metadatas)
             except Exception:
                 self.client.delete_collection(fresh.name)
                 raise
-            name = self.collection.name
-            self.client.delete_collection(name)
+            # The old chunks keep a name until the new ones have this one: killed at
+            # any point, the process leaves one whole set, and the next KnowledgeBase
+            # of this name finishes the move (_finish_reindex).
+            self.collection.modify(name=f"{RETIRED_PREFIX}{token}")
             try:
                 fresh.modify(name=name)
-            except Exception:  # the chunks are not lost: say where they are
-                logger.error("the reindexed chunks of %r are in collection %r", name, fresh.name)
-                raise
+            except Exception:
+                if not self._holds_name(fresh, name):  # else another process finished it
+                    logger.error(
+                        "the reindexed chunks of %r are in collection %r", name, fresh.name
+                    )
+                    raise
+            self._delete_if_there(f"{RETIRED_PREFIX}{token}")
             self.collection = fresh
             return len(ids)
+
+    def _finish_reindex(self, name: str) -> None:
+        """Finish a :meth:`reindex` of ``name`` that a killed process left half done.
+
+        Between its two renames the old chunks are ``kb-retired-<token>`` and the new
+        ones, whole, ``kb-reindex-<token>``: the new ones take the name. After both,
+        the retired collection is deleted. A ``kb-reindex-`` collection with no
+        retired twin is a reindex still writing (or one killed while writing, whose
+        old chunks kept the name): it is left alone.
+        """
+        collections = {collection.name: collection for collection in self.client.list_collections()}
+        for collection in list(collections.values()):
+            metadata = collection.metadata or {}
+            retired = f"{RETIRED_PREFIX}{metadata.get(REINDEX_TOKEN)}"
+            if metadata.get(REINDEX_OF) != name or retired not in collections:
+                continue
+            if collection.name != name and name not in collections:
+                logger.warning("finishing an interrupted reindex of the knowledge base %r", name)
+                try:
+                    collection.modify(name=name)
+                except Exception:
+                    if not self._holds_name(collection, name):
+                        raise
+                collections[name] = collection
+            if collections.get(name) is collection or self._holds_name(collection, name):
+                self._delete_if_there(retired)
+
+    def _holds_name(self, collection: Any, name: str) -> bool:
+        """Whether the collection called ``name`` now is ``collection``."""
+        try:
+            return bool(self.client.get_collection(name).id == collection.id)
+        except Exception:  # no collection of that name
+            return False
+
+    def _delete_if_there(self, name: str) -> None:
+        """Delete a collection that another process may have deleted already."""
+        try:
+            self.client.delete_collection(name)
+        except Exception as exc:
+            logger.debug("deleting the collection %r failed: %s", name, exc)
 
     # -- reading -----------------------------------------------------------------
 
