@@ -102,6 +102,7 @@ class FakeLLM(GenericFakeChatModel):
     sleep: float = 0.0
     sleep_first: int = 0
     gate: Any = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
     def _generate(
         self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
@@ -116,7 +117,8 @@ class FakeLLM(GenericFakeChatModel):
                 msg = f"llm failure #{number}"
                 raise RuntimeError(msg)
             text = self.answer if self.answer is not None else f"# Memory v{number}"
-            return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
+            message = AIMessage(text, response_metadata=dict(self.metadata))
+            return ChatResult(generations=[ChatGeneration(message=message)])
         finally:
             self.calls.end(key)
 
@@ -547,6 +549,41 @@ def test_a_raw_batch_leaves_an_existing_memory_unchanged(
     assert "[RAW]" not in first and "[RAW]" in second
     assert mark(3) in second and mark(4) in second
     assert_consolidated(consolidator, "keep", messages=7, batch_count=2)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"finish_reason": "length"},  # OpenAI
+        {"stop_reason": "max_tokens"},  # Anthropic
+        {"incomplete_details": {"reason": "max_output_tokens"}},  # OpenAI Responses
+    ],
+)
+def test_an_answer_cut_at_the_output_limit_keeps_the_memory(
+    backup: MySQLBackup,
+    make_consolidator: Callable[..., MemoryConsolidator],
+    metadata: dict[str, Any],
+) -> None:
+    # MEMORY.md is rewritten whole by each answer: a cut one would drop every fact
+    # after the cut, and the old document with them.
+    good = FakeLLM(answer="# good memory\n- a\n- b")
+    consolidator = make_consolidator(good, threshold=4, batch=2)
+    history = TieredChatMessageHistory("cut", backup=backup, consolidator=consolidator)
+    history.add_messages(chat(1, 5))
+    consolidator.flush(timeout=30)
+    memory_path = consolidator.folder("cut") / "MEMORY.md"
+    before = memory_path.read_bytes()
+    llm = FakeLLM(answer="# good memory\n- a\n- ", metadata=metadata)
+    consolidator.llm = llm
+    history.add_messages(chat(6, 7))
+    consolidator.flush(timeout=30)
+    assert llm.calls.count == 3  # each cut answer is a failed attempt
+    assert memory_path.read_bytes() == before
+    assert consolidator.memory("cut") == "# good memory\n- a\n- b\n"
+    first, second = consolidator.history_entries("cut")
+    assert "[RAW]" not in first and "[RAW]" in second
+    assert mark(3) in second and mark(4) in second
+    assert_consolidated(consolidator, "cut", messages=7, batch_count=2)
 
 
 def test_an_llm_that_recovers_before_the_last_attempt_writes_memory(

@@ -29,12 +29,9 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 
 from langchain_tiered_memory import FinishReasonHandler
+from langchain_tiered_memory.core.finish import finish_reason, is_truncated
 from langchain_tiered_memory.core.prompts import PROMPTS
-from langchain_tiered_memory.integrations.finish_reason import (
-    MARK_KEY,
-    finish_reason,
-    is_truncated,
-)
+from langchain_tiered_memory.integrations.finish_reason import MARK_KEY
 
 from .fakes import USAGE, ChunkedChatModel, ScriptedChatModel, cut, done
 

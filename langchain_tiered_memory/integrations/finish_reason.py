@@ -1,21 +1,8 @@
 """``FinishReasonHandler``: answers cut by the token limit are continued and stitched.
 
 A model that runs into its output limit stops mid-sentence and says so in its
-response metadata, each provider in its own words. langchain-core 1.x does not
-normalise that signal: the provider's raw ``finish_reason`` / ``stop_reason`` is
-passed through in ``response_metadata`` (with ``generation_info`` merged in), so
-this module reads every known spelling:
-
-======================  ==========================================  ===================
-provider                key in ``response_metadata``                truncated value
-======================  ==========================================  ===================
-OpenAI, Mistral, Groq   ``finish_reason``                           ``"length"``
-OpenAI Responses API    ``incomplete_details["reason"]``            ``"max_output_tokens"``
-Anthropic               ``stop_reason``                             ``"max_tokens"``
-Bedrock Converse        ``stopReason``                              ``"max_tokens"``
-Google (Gemini/Vertex)  ``finish_reason`` (a str or an enum)        ``"MAX_TOKENS"``
-Ollama                  ``done_reason``                             ``"length"``
-======================  ==========================================  ===================
+response metadata, each provider in its own words (see
+:mod:`~langchain_tiered_memory.core.finish`, which reads every known spelling).
 
 The handler asks the model to go on where it stopped, up to ``max_continuations``
 times, and returns one message. The final message records what happened under
@@ -42,6 +29,7 @@ from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from langchain_tiered_memory.core import steps
+from langchain_tiered_memory.core.finish import is_truncated
 from langchain_tiered_memory.core.prompts import prompts_for
 from langchain_tiered_memory.core.steps import Emit, StepPlan, arun, arun_stream, run, run_stream
 
@@ -53,45 +41,6 @@ if TYPE_CHECKING:
 
 #: The ``response_metadata`` key of the mark left on every answer.
 MARK_KEY = "tiered_memory"
-
-#: Where providers put their finish reason in ``response_metadata``.
-FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason", "stopReason", "finishReason")
-#: Values (lower-cased) that mean "stopped at the output-token limit".
-TRUNCATED_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
-
-
-def _reason_text(value: Any) -> str | None:
-    """A finish reason as text; enums (Gemini's ``FinishReason.MAX_TOKENS``) by name."""
-    if value is None or value == "":
-        return None
-    return str(getattr(value, "name", value)).rsplit(".", 1)[-1]
-
-
-def finish_reason(message: BaseMessage) -> str | None:
-    """The provider's reason for ending ``message``, as text, if it gave one.
-
-    Args:
-        message: A chat model's answer (or an aggregated stream of chunks).
-
-    Returns:
-        The raw value (``"length"``, ``"max_tokens"``, ``"MAX_TOKENS"``,
-        ``"stop"``...) of the first known key present, ``None`` if there is none.
-    """
-    metadata = message.response_metadata or {}
-    for key in FINISH_KEYS:
-        reason = _reason_text(metadata.get(key))
-        if reason is not None:
-            return reason
-    details = metadata.get("incomplete_details")
-    if isinstance(details, dict):
-        return _reason_text(details.get("reason"))
-    return None
-
-
-def is_truncated(message: BaseMessage) -> bool:
-    """Whether the provider says ``message`` was cut by its output-token limit."""
-    reason = finish_reason(message)
-    return reason is not None and reason.lower() in TRUNCATED_REASONS
 
 
 def _as_messages(value: Any) -> list[BaseMessage]:

@@ -5,8 +5,10 @@ When a session has more than ``threshold`` archived messages past its cursor, a
 oldest ``batch`` of them, with the current MEMORY.md, to the LLM. Its answer
 replaces MEMORY.md; the raw batch is appended to HISTORY.md. The cursor moves in
 one database transaction only after both writes succeeded, so a crash never
-loses or doubles a batch. After ``max_attempts`` failed LLM calls the batch is
-archived raw, marked ``[RAW]``.
+loses or doubles a batch. An LLM call fails if it raises or times out, or if its
+answer is empty, longer than :data:`MEMORY_MD_CHARS` or cut off at the model's
+output limit (its finish reason says so): MEMORY.md then stays as it was. After
+``max_attempts`` failed LLM calls the batch is archived raw, marked ``[RAW]``.
 
 The database is the source of truth and the files follow it. A batch's entry is
 computed from stored data only (its timestamp is its last message's), so a retry
@@ -40,6 +42,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory.core.finish import finish_reason, is_truncated
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
@@ -380,6 +383,13 @@ class MemoryConsolidator(QueueWorker):
             answer = call_with_timeout(
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )
+            if is_truncated(answer):
+                # It rewrites the whole document: a cut one drops what followed the cut.
+                msg = (
+                    f"the LLM's answer was cut at its output limit (finish reason "
+                    f"{finish_reason(answer)!r}); MEMORY.md is kept as it was"
+                )
+                raise ValueError(msg)
             text = answer.text if isinstance(answer.text, str) else str(answer.content)
             if len(text) > MEMORY_MD_CHARS:  # checked before any scan of the text
                 msg = f"the LLM returned {len(text)} characters, more than {MEMORY_MD_CHARS}"
