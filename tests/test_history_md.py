@@ -207,6 +207,28 @@ def test_a_full_disk_is_retried_and_never_archives_raw(
     assert "No space left on device" in disk_errors[0]
 
 
+def test_a_memory_md_left_undecodable_is_rewritten_not_counted_against_the_llm(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    """MEMORY.md re-saved by an editor in GBK (or a damaged block): it follows the database.
+
+    Reading it as UTF-8 raised UnicodeDecodeError, a failure of the LLM for the
+    queue: every attempt failed alike, even the raw fallback, so the job never finished.
+    """
+    llm = FakeLLM(answer="# 记忆\n- 用户偏好 CSV")
+    consolidator = make_consolidator(llm, max_attempts=1)
+    history = TieredChatMessageHistory("gbk", backup=backup, consolidator=consolidator)
+    history.add_messages(chat(1, 5))
+    consolidator.flush(timeout=30)
+    path = consolidator.folder("gbk") / "MEMORY.md"
+    path.write_bytes(path.read_text(encoding="utf-8").encode("gbk"))
+    history.add_messages(chat(6, 7))
+    consolidator.flush(timeout=30)
+    assert llm.calls.count == 2  # no failed attempt
+    assert_files_match(consolidator, "gbk", 2)
+    assert path.read_text(encoding="utf-8") == "# 记忆\n- 用户偏好 CSV\n"
+
+
 # -- a retry in another minute ---------------------------------------------------------
 
 

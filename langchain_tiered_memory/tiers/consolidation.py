@@ -459,8 +459,10 @@ class MemoryConsolidator(QueueWorker):
         with _disk(folder):
             path = folder / "MEMORY.md"
             if memory:
+                # Bytes, not text: a file another program left undecodable is rewritten,
+                # not taken for a failure of the LLM.
                 try:
-                    same = path.read_text(encoding="utf-8") == memory
+                    same = path.read_bytes() == memory.encode()
                 except FileNotFoundError:
                     same = False
                 if not same:
