@@ -272,6 +272,49 @@ def test_level_three_raises_with_the_numbers_and_advice() -> None:
     assert caught.value.estimated_tokens > 3000
 
 
+def test_a_prompt_of_system_messages_only_raises_the_overflow_error() -> None:
+    # Nothing after the system prompt to fold or delete: level 3, not an IndexError.
+    compressor = ContextCompressor(
+        compress_threshold=100, force_delete_threshold=200, error_threshold=300
+    )
+    with pytest.raises(ContextOverflowError, match="new session"):
+        compressor.compress([SystemMessage("word " * 1000)])
+    with pytest.raises(ContextOverflowError, match="new session"):
+        compressor.compress([SystemMessage("short"), SystemMessage("word " * 1000)])
+
+
+def test_tool_names_from_the_model_never_outgrow_the_summary() -> None:
+    # A model looping in a tool's name (an invalid call), or calling a new tool each
+    # step: the summary lists the latest names, each cut short, and stays small.
+    looping = "lookup_" * 20_000
+    old: list[BaseMessage] = [
+        HumanMessage("find the invoice"),
+        AIMessage("", tool_calls=[{"name": looping, "args": {}, "id": "c0"}]),
+        ToolMessage("unknown tool", tool_call_id="c0", name=looping),
+    ]
+    for n in range(1, 500):
+        name = f"tool_{n:03d}_" + "x" * 40
+        old += [
+            AIMessage("", tool_calls=[{"name": name, "args": {}, "id": f"c{n}"}]),
+            ToolMessage(f"result {n}", tool_call_id=f"c{n}", name=name),
+        ]
+    old.append(AIMessage("sorry, that failed " + "filler " * 9000))
+    new = [HumanMessage("try again please"), AIMessage("ok")]
+    compressor = ContextCompressor(
+        compress_threshold=6000, force_delete_threshold=8000, error_threshold=10000
+    )
+    compressed = compressor.compress(old + new)
+    assert compressed[-2:] == new
+    assert compressor.measure(compressed) < 1500
+    summary = compressed[0]
+    tools = summary.additional_kwargs[SUMMARY_KEY]["tools"]
+    assert len(tools) == 32 and all(len(name) <= 64 for name in tools)
+    assert tools[-1].startswith("tool_499_")
+    # Compressing again flattens the old list into the new one, still bounded.
+    again = compressor.compress([summary, *new, HumanMessage("x " * 7000), AIMessage("done")])
+    assert len(again[0].additional_kwargs[SUMMARY_KEY]["tools"]) <= 32
+
+
 def test_custom_prompts_label_the_summary_and_the_overflow_advice() -> None:
     en = PROMPTS["en"]
     labels = replace(en.compression, title="[SHRUNK]", roles={"human": "Q", "ai": "A"})

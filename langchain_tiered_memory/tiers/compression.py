@@ -40,6 +40,11 @@ from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_coun
 
 SUMMARY_KEY = "tiered_memory_summary"
 MAX_SEEN_OUTPUTS = 512  # tool-output keys remembered across re-compressions
+#: Tool names the summary lists (the latest) and characters per name. A name comes
+#: from the model (an invalid call can name anything): unbounded, the summary
+#: itself could outgrow the budget it is there to meet.
+MAX_TOOL_NAMES = 32
+TOOL_NAME_CHARS = 64
 PENDING_WORDS = (
     "todo",
     "next",
@@ -104,6 +109,13 @@ def _short(text: str, limit: int) -> str:
     # Only a prefix is normalised: tool outputs can be 150k characters.
     head = " ".join(text[: 4 * limit].split())
     return head if len(head) <= limit and len(text) <= 4 * limit else head[: limit - 1] + "…"
+
+
+def _add_tool(digest: _Digest, name: str) -> None:
+    """List a tool in the summary once, its name cut to :data:`TOOL_NAME_CHARS`."""
+    name = _short(name, TOOL_NAME_CHARS)
+    if name not in digest.tools:
+        digest.tools.append(name)
 
 
 def _output_key(name: str, text: str) -> str:
@@ -316,7 +328,8 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             earlier = [m for m in messages[:start] if _is_summary(m)]
             tail = messages[start:]
             # The turn's question stays (see _assemble); the oldest messages after it go.
-            first = 1 if isinstance(tail[0], HumanMessage) else 0
+            # No tail (system messages only): nothing to delete, level 3 decides.
+            first = 1 if tail and isinstance(tail[0], HumanMessage) else 0
             for cut in [
                 i for i in range(first + 1, len(tail)) if not isinstance(tail[i], ToolMessage)
             ]:
@@ -342,7 +355,8 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             digest.repeats += old.repeats
             digest.omitted += old.omitted
             digest.dropped += old.dropped
-            digest.tools.extend(t for t in old.tools if t not in digest.tools)
+            for name in old.tools:
+                _add_tool(digest, name)
             digest.requests.extend(old.requests)
             digest.timeline.extend(old.timeline)
             digest.pending.extend(old.pending)
@@ -362,16 +376,14 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 names = [call.get("name") or "tool" for call in calls]
                 for call, name in zip(calls, names, strict=True):
                     tool_names[call.get("id") or ""] = name
-                    if name not in digest.tools:
-                        digest.tools.append(name)
+                    _add_tool(digest, name)
                 if not text and calls:
                     text = "→ " + ", ".join(names)
                 label = roles["ai"]
             elif isinstance(message, ToolMessage):
                 digest.tool += 1
                 name = message.name or tool_names.get(message.tool_call_id, "tool")
-                if name not in digest.tools:
-                    digest.tools.append(name)
+                _add_tool(digest, name)
                 key = _output_key(name, text)
                 if key in seen_outputs:
                     digest.repeats += 1
@@ -386,6 +398,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             ):
                 digest.pending.append(_short(text, self.entry_chars))
             digest.timeline.append(_short(f"{label}: {text}", self.entry_chars))
+        digest.tools = digest.tools[-MAX_TOOL_NAMES:]
         digest.requests = digest.requests[-3:]
         digest.pending = digest.pending[-3:]
         digest.seen_outputs = digest.seen_outputs[-MAX_SEEN_OUTPUTS:]
