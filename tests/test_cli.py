@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -278,6 +279,25 @@ def test_a_lone_surrogate_is_exported_exactly_and_shown_escaped(home: Path, tmp_
     # Markdown and the table show the character escaped, the rest as it is.
     assert "broken clipboard: \\ud83d end, 应付账款" in markdown
     assert "broken clipboard: \\ud83d end, 应付账款" in shown
+
+
+def test_stored_escape_sequences_never_reach_the_terminal(home: Path) -> None:
+    # Contents and ids are untrusted: an escape sequence would drive the admin's
+    # terminal (OSC 52 sets its clipboard, CSI 2J clears it), and the paging hint is
+    # a command line meant to be pasted into a shell.
+    home.mkdir(parents=True, exist_ok=True)
+    backup = MySQLBackup(f"sqlite:///{home / 'archive.sqlite3'}")
+    evil = "a \x1b]52;c;cm0gLXJmIH4K\x07 b \x1b[2J c \x9b31m d \x7f"
+    session = "x; touch pwned $(id)"
+    backup.add_messages(session, [HumanMessage("first"), HumanMessage(evil), AIMessage("ok")])
+    backup.dispose()
+    first = ok("show", session, "--limit", "2")
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", first)
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07 b \\x1b[2J c \\x9b31m d \\x7f" in first
+    [hint] = [line for line in first.splitlines() if "--before" in line]
+    words = shlex.split(hint.split(": ", 1)[1])
+    assert words[:3] == ["tiered-memory", "show", session]
+    assert words[3] == "--before"
 
 
 def test_forget_asks_then_removes_the_session_from_every_tier(

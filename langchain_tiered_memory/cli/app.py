@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -301,7 +302,8 @@ def show(
     if older:
         console.print(
             Text(
-                f"older messages: tiered-memory show {session} --before {page[0].id}",
+                # Quoted: the id is untrusted and this line is meant to be pasted.
+                f"older messages: tiered-memory show {shlex.quote(session)} --before {page[0].id}",
                 style="dim",
             )
         )
@@ -603,8 +605,9 @@ def demo(
         else:
             console.print(
                 Text(
-                    f"explore: tiered-memory --home {home} sessions; tiered-memory --home "
-                    f"{home} search {DEMO_USER}-month-end{run_id} overdue --scope user",
+                    f"explore: tiered-memory --home {shlex.quote(str(home))} sessions; "
+                    f"tiered-memory --home {shlex.quote(str(home))} search "
+                    f"{DEMO_USER}-month-end{run_id} overdue --scope user",
                     style="dim",
                 )
             )

@@ -43,13 +43,20 @@ def message_text(message: BaseMessage) -> str:
     return content
 
 
+# C0 and C1 controls left once whitespace is folded: ESC, CSI (U+009B), BEL, DEL...
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def shorten(value: str, limit: int) -> str:
     r"""``value`` on one line, cut to ``limit`` characters (``0``: no limit).
 
     A lone surrogate is shown as its escape (``\ud83d``), so a table measures the
-    cell as it is printed.
+    cell as it is printed. So is a control character (``\x1b``): stored text is
+    untrusted, and an escape sequence in it would drive the reader's terminal
+    (clear the screen, hide lines, set its clipboard).
     """
     value = " ".join(value.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    value = _CONTROLS.sub(lambda found: found.group().encode("unicode_escape").decode(), value)
     if limit <= 0 or len(value) <= limit:
         return value
     return value[: limit - 1] + "…"
