@@ -26,7 +26,7 @@ from langchain_core.language_models.fake_chat_models import (
     FakeListChatModel,
     GenericFakeChatModel,
 )
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field
 from sqlalchemy import select
@@ -584,6 +584,34 @@ def test_an_answer_cut_at_the_output_limit_keeps_the_memory(
     assert "[RAW]" not in first and "[RAW]" in second
     assert mark(3) in second and mark(4) in second
     assert_consolidated(consolidator, "cut", messages=7, batch_count=2)
+
+
+def test_tool_calls_reach_the_prompt_and_history_md(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    # An AI message that only calls a tool says what was run in its call alone:
+    # its line was "Assistant: ", in the prompt and in the raw archive of HISTORY.md.
+    llm = FakeLLM(fail_always=True)
+    consolidator = make_consolidator(llm, threshold=4, batch=4, max_attempts=1)
+    call = {"name": "run_sql", "args": {"sql": "SELECT * FROM ar_invoice"}, "id": "c1"}
+    bad = {"name": "lookup", "args": "{not json", "id": "c2", "error": "bad"}
+    history = TieredChatMessageHistory("tools", backup=backup, consolidator=consolidator)
+    history.add_messages(
+        [
+            HumanMessage("overdue invoices?"),
+            AIMessage("", tool_calls=[call], invalid_tool_calls=[bad]),
+            ToolMessage("3 rows", tool_call_id="c1", name="run_sql"),
+            ToolMessage("error", tool_call_id="c2", name="lookup"),
+            AIMessage("3 are overdue"),
+        ]
+    )
+    consolidator.flush(timeout=30)
+    [prompt] = llm.calls.prompts
+    said = '→ run_sql({"sql": "SELECT * FROM ar_invoice"}) → lookup("{not json")'
+    assert f"Assistant: {said}\n" in prompt
+    [entry] = consolidator.history_entries("tools")
+    assert "[RAW]" in entry and f"Assistant: {said}\n" in entry
+    assert entry in (consolidator.folder("tools") / "HISTORY.md").read_text(encoding="utf-8")
 
 
 def test_an_llm_that_recovers_before_the_last_attempt_writes_memory(

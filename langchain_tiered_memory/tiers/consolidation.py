@@ -29,6 +29,7 @@ database the same documents live in ``<name>_consolidation`` and
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
@@ -45,7 +46,7 @@ from sqlalchemy import delete, func, insert, select, update
 from langchain_tiered_memory.core.finish import finish_reason, is_truncated
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import role_of
+from langchain_tiered_memory.core.turns import role_of, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_seconds,
@@ -330,7 +331,15 @@ class MemoryConsolidator(QueueWorker):
         labels = prompts.consolidation_roles
         lines = []
         for message in messages:
-            raw = message.text if isinstance(message.text, str) else str(message.content)
+            raw: str = message.text if isinstance(message.text, str) else str(message.content)
+            # What the AI ran (the SQL, the document it asked for) is often all the
+            # message says: without it the line was empty.
+            calls = [
+                f"→ {call.get('name') or 'tool'}"
+                f"({json.dumps(call.get('args'), ensure_ascii=False, default=str)})"
+                for call in tool_calls_of(message)
+            ]
+            raw = " ".join([raw, *calls]) if calls else raw
             text = _SURROGATE.sub("\ufffd", " ".join(raw.split()))
             if len(text) > MESSAGE_CHARS:
                 text = text[:MESSAGE_CHARS] + "…"
