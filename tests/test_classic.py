@@ -284,6 +284,24 @@ def test_clear_forgets_the_session_in_every_tier(
     ] == ["s2"]
 
 
+async def test_a_cleared_session_stays_its_users(backup: MySQLBackup) -> None:
+    """``clear`` empties the session; another user cannot take the id over afterwards."""
+    alice = TieredMemory(history=TieredChatMessageHistory("s1", user_id="u1", backup=backup))
+    alice.save_context({"input": FACT}, {"response": "Noted!"})
+    alice.clear()
+    await alice.aclear()
+    assert backup.get_messages("s1") == []
+
+    bob = TieredChatMessageHistory("s1", user_id="u2", backup=backup)
+    with pytest.raises(SessionOwnershipError):
+        bob.add_user_message("mine now")
+    alice.save_context({"input": "I like tea."}, {"response": "OK"})
+    assert backup.get_messages("s1") == [HumanMessage("I like tea."), AIMessage("OK")]
+    # An erasure still frees the id.
+    backup.forget(session_id="s1")
+    bob.add_user_message("mine now")
+
+
 async def test_a_memory_without_a_user_clears_no_users_session(backup: MySQLBackup) -> None:
     """``clear`` forgets the session, a write: a user-less memory may read it, not erase it."""
     TieredMemory(history=TieredChatMessageHistory("s1", user_id="u1", backup=backup)).save_context(

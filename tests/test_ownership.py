@@ -128,6 +128,27 @@ def test_clear_keeps_the_owner_and_forget_frees_the_session_id(backup: MySQLBack
     assert owners(backup) == {}
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["recorded", "from-before-the-table"])
+def test_forget_keep_owner_empties_the_session_and_keeps_it_its_owners(
+    backup: MySQLBackup, legacy: bool
+) -> None:
+    backup.add_messages("s", turn("1"), user_id=ALICE)
+    if legacy:  # an archive from before the sessions table: the owner is its first message's
+        sessions = backup.tables.sessions
+
+        def drop() -> Any:
+            yield delete(sessions)
+
+        backup.run(drop(), write=True)
+    assert backup.forget(session_id="s", keep_owner=True) == 2
+    assert backup.get_messages("s") == []
+    assert owners(backup) == {"s": ALICE}
+    with pytest.raises(SessionOwnershipError):
+        backup.add_messages("s", turn("2"), user_id=BOB)
+    backup.add_messages("s", turn("3"), user_id=ALICE)
+    assert backup.get_messages("s") == turn("3")
+
+
 @pytest.mark.usefixtures("abackup")
 async def test_async_methods_check_the_owner_too(backup: MySQLBackup) -> None:
     await backup.aadd_messages("s", turn("1"), user_id=ALICE)

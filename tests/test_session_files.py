@@ -787,6 +787,17 @@ def test_clear_keeps_the_owner_and_forget_frees_the_session_id(tmp_path: Path) -
     assert bob.messages == turn(3)
 
 
+def test_forget_keep_owner_empties_the_session_and_keeps_it_its_owners(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("s", turn(1), user_id="alice")
+    assert files.forget(session_id="s", keep_owner=True) == len(turn(1))
+    assert files.get_messages("s") == []
+    with pytest.raises(SessionOwnershipError):
+        files.add_messages("s", turn(2), user_id="bob")
+    files.add_messages("s", turn(3), user_id="alice")
+    assert files.get_messages("s") == turn(3)
+
+
 def test_a_lone_surrogate_and_a_value_json_cannot_hold_are_kept_as_the_archive_keeps_them(
     tmp_path: Path,
 ) -> None:

@@ -220,7 +220,8 @@ class TieredMemory(BaseChatMemory):
         ``ConversationSummaryBufferMemory.clear()`` empties the buffer and the
         summary; here that means the archived messages, the session's long-term
         memories, its MEMORY.md and pending jobs (``backup.forget``). Memories of
-        the user's other sessions are kept.
+        the user's other sessions are kept, and so is the session's owner: the
+        emptied session stays the user's.
 
         Checked as a write, as the history's ``clear``: without a ``user_id``, only
         a session without a user is forgotten.
@@ -230,7 +231,7 @@ class TieredMemory(BaseChatMemory):
                 one while the history has no ``user_id``).
         """
         self.history.check_owner(write=True)
-        self.history.backup.forget(session_id=self.history.session_id)
+        self.history.backup.forget(session_id=self.history.session_id, keep_owner=True)
 
     async def aclear(self) -> None:
         """Async :meth:`clear` (the forget cascade runs in an executor)."""

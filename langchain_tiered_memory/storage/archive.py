@@ -794,14 +794,31 @@ class MySQLBackup(Lifecycle):
         return [SessionInfo(**row._mapping) for row in result]
 
     def _delete_plan(
-        self, session_id: str | None, user_id: str | None, derived: bool = False
+        self,
+        session_id: str | None,
+        user_id: str | None,
+        derived: bool = False,
+        keep_owner: bool = False,
     ) -> Plan[int]:
-        """Delete a scope's messages; with ``derived``, also its jobs and derived rows."""
+        """Delete a scope's messages; with ``derived``, also its jobs and derived rows.
+
+        With ``keep_owner`` the sessions' owner rows stay (recorded first for a
+        session from before the sessions table, whose owner its rows told).
+        """
         t, p = self.table, self.parts_table
         if session_id is None and user_id is None:
             msg = "deleting from the archive needs a session_id or a user_id"
             raise ValueError(msg)
+        if keep_owner and session_id is not None:
+            s = self.tables.sessions
+            found = yield select(s.c.user_id).where(s.c.session_id == session_id)
+            if found.first() is None:
+                known, owner = yield from self._known_owner_plan(session_id)
+                if known:
+                    yield from self._bind_owner_plan(session_id, owner)
         for table in self.tables.scoped() if derived else ():
+            if keep_owner and table is self.tables.sessions:
+                continue
             yield delete(table).where(*scope_conditions(table, session_id, user_id))
         scope = scope_conditions(t, session_id, user_id)
         yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
@@ -856,8 +873,11 @@ class MySQLBackup(Lifecycle):
         user_id: str | None,
         sessions: Sequence[str],
         unfinished: Sequence[str],
+        keep_owner: bool = False,
     ) -> Plan[int]:
-        removed = yield from self._delete_plan(session_id, user_id, derived=True)
+        removed = yield from self._delete_plan(
+            session_id, user_id, derived=True, keep_owner=keep_owner
+        )
         for table in self.tables.whole_session():  # another writer's summary holds ours too
             for start in range(0, len(sessions), 500):
                 chunk = sessions[start : start + 500]
@@ -1154,7 +1174,13 @@ class MySQLBackup(Lifecycle):
 
         return self.run(plan(), read_only=True)
 
-    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+    def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        keep_owner: bool = False,
+    ) -> int:
         """Remove a session, a user, or one user's session from every tier.
 
         Jobs go first, so nothing new is derived. Then every store a tier keeps
@@ -1166,6 +1192,13 @@ class MySQLBackup(Lifecycle):
         every session in scope: a session another user wrote to as well loses its
         summary, which holds the forgotten messages too, and is consolidated again
         from the messages left.
+
+        Args:
+            session_id: The session to remove.
+            user_id: The user whose sessions (or whose part of ``session_id``) to remove.
+            keep_owner: Keep ``session_id``'s owner: the session is emptied, not
+                erased, and stays its user's (another user cannot take the id over).
+                What a memory's ``clear`` asks; an erasure request leaves it ``False``.
 
         Returns:
             How many archived messages were removed.
@@ -1218,7 +1251,9 @@ class MySQLBackup(Lifecycle):
                     attempt(record.key, str(record), partial(erase_recorded, record))
 
         erase_stores()
-        finish = partial(self._finish_forget_plan, session_id, user_id, sessions, unfinished)
+        finish = partial(
+            self._finish_forget_plan, session_id, user_id, sessions, unfinished, keep_owner
+        )
         removed = self.run(finish(), write=True)
         # A turn written and extracted while the stores were erased reached them
         # after that: its messages and catalog row went with the delete above, so

@@ -269,8 +269,17 @@ class Archive(Protocol):
         """Async :meth:`clear`."""
         ...
 
-    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
-        """Remove a session, a user, or one user's session; returns how many messages."""
+    def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        keep_owner: bool = False,
+    ) -> int:
+        """Remove a session, a user, or one user's session; returns how many messages.
+
+        With ``keep_owner``, ``session_id`` keeps its owner (emptied, not erased).
+        """
         ...
 
 

@@ -363,7 +363,13 @@ class SessionFileArchive(InlineAsyncArchive):
                 _unlink_tmp(leftover)
         return len(stored) - len(keep)
 
-    def forget(self, *, session_id: str | None = None, user_id: str | None = None) -> int:
+    def forget(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        keep_owner: bool = False,
+    ) -> int:
         """Delete a session, a user's messages, or one user's messages of a session.
 
         Like :meth:`MySQLBackup.forget
@@ -372,7 +378,8 @@ class SessionFileArchive(InlineAsyncArchive):
         to (or from ``session_id`` alone); a session left empty is removed. Every
         temporary file a killed writer left in ``root`` goes too (no live writer
         has one while the archive is locked): an unacknowledged write may hold the
-        forgotten messages under any session's name.
+        forgotten messages under any session's name. With ``keep_owner``, an emptied
+        ``session_id`` keeps its meta file and so its owner.
 
         Returns:
             How many messages were removed.
@@ -385,7 +392,7 @@ class SessionFileArchive(InlineAsyncArchive):
             raise ValueError(msg)
         with self._locked():
             if session_id is not None:
-                removed = self._remove(session_id, user_id)
+                removed = self._remove(session_id, user_id, keep_owner=keep_owner)
             else:
                 removed = sum(
                     self._remove(info.session_id, user_id) for info in self._infos(user_id)
