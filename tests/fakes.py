@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import math
 import operator
 import re
@@ -23,6 +25,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from PIL import Image
 from pydantic import Field
 
 from langchain_tiered_memory.text.lexical import tokenize
@@ -240,3 +243,11 @@ class ChunkedChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         for chunk in self.replies.pop(0):
             yield ChatGenerationChunk(message=chunk)
+
+
+def image_base64(width: int, height: int, image_format: str = "PNG", exif_bytes: int = 0) -> str:
+    """A real image of ``width`` x ``height`` pixels as base64 (with ``exif_bytes`` of EXIF)."""
+    out = io.BytesIO()
+    extra = {"exif": b"Exif\x00\x00" + b"\x00" * exif_bytes} if exif_bytes else {}
+    Image.new("RGB", (width, height)).save(out, image_format, **extra)
+    return base64.b64encode(out.getvalue()).decode()

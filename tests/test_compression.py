@@ -19,7 +19,7 @@ from langchain_tiered_memory import ContextCompressor, ContextOverflowError, est
 from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
 
-from .fakes import RecordingChatModel, replies
+from .fakes import RecordingChatModel, image_base64, replies
 
 
 def document(chars: int, seed: str) -> str:
@@ -373,3 +373,26 @@ async def test_ainvoke() -> None:
 def test_bad_settings(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ContextCompressor(**kwargs)
+
+
+def test_screenshots_are_compressed_before_they_overflow_the_model() -> None:
+    """200 screenshots of 1280x800 cost about 221k tokens on OpenAI and 273k on Anthropic:
+    a 128k model's default compressor must not send them unchanged (at 85 tokens each
+    they were estimated at 19k and sent as they were)."""
+    shot = image_base64(1280, 800)
+    messages: list[BaseMessage] = []
+    for step in range(200):
+        messages.append(
+            HumanMessage(
+                [
+                    {"type": "text", "text": f"step {step}"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{shot}"}},
+                ]
+            )
+        )
+        messages.append(AIMessage(f"clicked {step}"))
+    compressor = ContextCompressor()
+    assert compressor.measure(messages) > 200 * 1366
+    compressed = compressor.compress(messages)
+    assert compressor.measure(compressed) <= compressor.compress_threshold
+    assert compressed[-2:] == messages[-2:]

@@ -25,8 +25,9 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, estimate_tokens
+from langchain_tiered_memory.text.tokens import TOKENS_PER_UNSIZED_IMAGE, image_tokens
 
-from .fakes import CountingModel, RecordingChatModel, replies, turn
+from .fakes import CountingModel, RecordingChatModel, image_base64, replies, turn
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:
@@ -114,8 +115,8 @@ def test_budget_smaller_than_one_turn_gives_an_empty_window(backup: MySQLBackup)
 
 
 def test_thinking_and_image_blocks_count_against_the_budget(backup: MySQLBackup) -> None:
-    """Thinking text counts as text, each image as a fixed 85 tokens (as langchain_core's
-    count_tokens_approximately), a block of an unknown kind by its JSON: none is free."""
+    """Thinking text counts as text, an image whose size cannot be read as much as the
+    largest providers charge at most, a block of an unknown kind by its JSON: none is free."""
     thinking = " ".join(f"step {i} reasoning about the ledger" for i in range(400))
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9000}}
     question = HumanMessage([{"type": "text", "text": "what is in these scans?"}, image, image])
@@ -128,7 +129,7 @@ def test_thinking_and_image_blocks_count_against_the_budget(backup: MySQLBackup)
     plain = estimate_tokens([HumanMessage("what is in these scans?"), AIMessage("ok")])
     assert (
         estimate_tokens(question)
-        == estimate_tokens(HumanMessage("what is in these scans?")) + 2 * 85
+        == estimate_tokens(HumanMessage("what is in these scans?")) + 2 * TOKENS_PER_UNSIZED_IMAGE
     )
     assert estimate_tokens(answer) >= estimate_tokens(thinking)
     assert estimate_tokens(AIMessage([{"type": "citations_of_the_future", "note": "Lyon"}])) > 4
@@ -139,6 +140,40 @@ def test_thinking_and_image_blocks_count_against_the_budget(backup: MySQLBackup)
     # One turn is over the budget (about 2,600 tokens of thinking): nothing fits.
     assert estimate_tokens([question, answer]) > 1000 > plain
     assert history.messages == []
+
+
+def test_an_image_counts_what_its_size_costs() -> None:
+    """A 1280x800 screenshot costs 1,366 tokens on Anthropic (pixels / 750) and 1,105 on
+    OpenAI (6 tiles): it counts 1,366 in every provider's block shape, not 85."""
+    for image_format in ("PNG", "JPEG", "GIF", "WEBP"):
+        data = image_base64(1280, 800, image_format)
+        url = f"data:image/{image_format.lower()};base64,{data}"
+        blocks = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "input_image", "image_url": url},
+            {"type": "image", "base64": data, "mime_type": "image/png"},
+            {"type": "image", "source_type": "base64", "data": data},
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": data},
+            },
+        ]
+        assert [image_tokens(block) for block in blocks] == [1366] * 5, image_format
+    # A JPEG's size may follow tens of kilobytes of EXIF data.
+    assert (
+        image_tokens({"type": "image", "base64": image_base64(1280, 800, "JPEG", 60_000)}) == 1366
+    )
+    assert image_tokens({"type": "image", "base64": image_base64(10, 10)}) == 255  # one tile
+    assert image_tokens({"type": "image", "base64": image_base64(768, 2048)}) == 1445  # 8 tiles
+    assert image_tokens({"type": "image", "base64": image_base64(4000, 3000)}) == 1534  # 1.15 MP
+    low = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}
+    assert image_tokens(low) == 85
+    assert image_tokens({"type": "image", "url": "https://example.com/a.png"}) == 1600
+    assert image_tokens({"type": "image", "base64": "not an image"}) == 1600
+    screenshot = HumanMessage(
+        [{"type": "text", "text": "step 1"}, {"type": "image", "base64": image_base64(1280, 800)}]
+    )
+    assert estimate_tokens(screenshot) == estimate_tokens(HumanMessage("step 1")) + 1366
 
 
 def test_chinese_is_not_undercounted() -> None:

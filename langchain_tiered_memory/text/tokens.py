@@ -7,13 +7,17 @@ fitted against ``cl100k_base`` (see ``benchmarks/bench_tokens.py``).
 
 from __future__ import annotations
 
+import base64
 import inspect
+import io
 import json
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, cast
 
+import imagesize
 from langchain_core.messages import BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
@@ -21,10 +25,20 @@ from langchain_tiered_memory.core.turns import tool_calls_of
 
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
-#: Tokens charged per image, audio, video or file block, whatever its size: its
-#: base64 or URL says nothing of what a model is charged. As langchain_core's
-#: ``count_tokens_approximately`` (``tokens_per_image=85``, OpenAI's low-detail image).
+#: Tokens charged per audio, video or file block, whatever its length (as
+#: langchain_core's ``count_tokens_approximately`` charges an image), and per image
+#: sent at OpenAI's low detail.
 TOKENS_PER_MEDIA_BLOCK = 85
+#: Tokens charged for an image whose size cannot be read (a URL, a file id, data
+#: of an unknown format): about the most a provider charges for one image
+#: (Anthropic about 1,600 at its 1.15 megapixel cap; OpenAI's high detail at most 1,445).
+TOKENS_PER_UNSIZED_IMAGE = 1600
+#: Image blocks (LangChain's standard block, OpenAI's Chat Completions and Responses,
+#: Anthropic's): charged by their size, read from the header of their base64 data.
+IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})
+#: Base64 characters decoded to find an image's size: its header (a JPEG's may
+#: follow tens of kilobytes of EXIF data).
+IMAGE_HEADER_CHARS = 128 * 1024
 #: Content blocks of media (LangChain's standard blocks, OpenAI's Chat Completions
 #: and Responses, Anthropic's).
 MEDIA_BLOCKS = frozenset(
@@ -122,6 +136,69 @@ def _block_text(block: dict[str, Any]) -> str:
     return json.dumps(block, ensure_ascii=False, default=str)
 
 
+def _image_base64(block: dict[str, Any]) -> str | None:
+    """The base64 data of an image block, whichever provider's shape it has."""
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "base64":  # Anthropic
+        data = source.get("data")
+        return data if isinstance(data, str) else None
+    for key in ("base64", "data"):  # LangChain's standard block (v1, then v0)
+        if isinstance(block.get(key), str):
+            return str(block[key])
+    url = block.get("image_url", block.get("url"))
+    if isinstance(url, dict):  # OpenAI Chat Completions
+        url = url.get("url")
+    if isinstance(url, str) and url.startswith("data:") and ";base64," in url[:256]:
+        return url.split(",", 1)[1]
+    return None
+
+
+def _image_size(data: str) -> tuple[int, int] | None:
+    """An image's width and height from the header of its base64 data, if readable."""
+    head = data[:IMAGE_HEADER_CHARS]
+    try:
+        raw = base64.b64decode(head[: len(head) - len(head) % 4])
+        width, height = imagesize.get(io.BytesIO(raw))
+    except Exception:  # not base64, or not an image imagesize knows: charged as unsized
+        return None
+    return (width, height) if width > 0 and height > 0 else None
+
+
+def image_tokens(block: dict[str, Any]) -> int:
+    """What the most expensive of the large providers charges for an image block.
+
+    The larger of OpenAI's high-detail tiles (170 per 512-pixel tile of the image
+    fitted in 2048 and its short side in 768, plus 85) and Anthropic's pixels / 750
+    (at most 1,568 pixels on the long side and 1.15 megapixels).
+    :data:`TOKENS_PER_MEDIA_BLOCK` at OpenAI's low detail;
+    :data:`TOKENS_PER_UNSIZED_IMAGE` when the size cannot be read.
+    """
+    url = block.get("image_url")
+    detail = block.get("detail") or (url.get("detail") if isinstance(url, dict) else None)
+    if detail == "low":
+        return TOKENS_PER_MEDIA_BLOCK
+    data = _image_base64(block)
+    if data is None:
+        return TOKENS_PER_UNSIZED_IMAGE
+    key = (hash(data), len(data))  # the same image is counted again at every turn
+    if key not in _sizes:
+        _sizes[key] = _image_size(data)
+        if len(_sizes) > CACHE_SIZE:
+            _sizes.popitem(last=False)
+    size = _sizes[key]
+    if size is None:
+        return TOKENS_PER_UNSIZED_IMAGE
+    width, height = size
+    fit = min(1.0, 2048 / max(width, height))
+    fit *= min(1.0, 768 / (min(width, height) * fit))
+    tiles = math.ceil(width * fit / 512) * math.ceil(height * fit / 512)
+    shrink = min(1.0, 1568 / max(width, height), math.sqrt(1_150_000 / (width * height)))
+    return max(170 * tiles + 85, math.ceil(width * height * shrink * shrink / 750))
+
+
+_sizes: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
+
+
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
@@ -136,7 +213,9 @@ def _message_parts(message: BaseMessage) -> tuple[str, int]:
                 parts.append(block)
             elif isinstance(block, dict):
                 kind = block.get("type")
-                if kind in MEDIA_BLOCKS:
+                if kind in IMAGE_BLOCKS:
+                    fixed += image_tokens(block)
+                elif kind in MEDIA_BLOCKS:
                     fixed += TOKENS_PER_MEDIA_BLOCK
                 elif not (kind in _CALL_BLOCKS and calls):
                     parts.append(_block_text(block))
@@ -161,9 +240,9 @@ def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
     Counts CJK characters and the words, numbers and punctuation of the rest, so
     Chinese is not undercounted the way ``len(text) / 4`` undercounts it. Messages
     add a small per-message overhead and the JSON of their tool calls; their
-    thinking and reasoning blocks count as text, each image, audio, video or file
-    block as :data:`TOKENS_PER_MEDIA_BLOCK`, and a block of another kind as its
-    JSON.
+    thinking and reasoning blocks count as text, each image by its size
+    (:func:`image_tokens`), each audio, video or file block as
+    :data:`TOKENS_PER_MEDIA_BLOCK`, and a block of another kind as its JSON.
 
     Args:
         value: A string, one message, or a sequence of messages.
