@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.language_models.fake_chat_models import (
+    FakeListChatModel,
+    GenericFakeChatModel,
+)
 from langchain_core.messages import AIMessage, HumanMessage
 from sqlalchemy import event
 
@@ -261,6 +264,22 @@ def test_garbage_answer_counts_as_a_failure(make_memory: MakeMemory, backup: MyS
     memory.flush(timeout=10)
     [row] = catalog(backup)
     assert (row.kind, row.text) == ("raw", "User: what is the AR table?\nAI: a ledger")
+
+
+def test_an_answer_cut_at_the_output_limit_counts_as_a_failure(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """A cut answer states half a fact as a whole one: retried, then the raw turn is kept."""
+    cut = AIMessage("The AR table holds the invoi", response_metadata={"stop_reason": "max_tokens"})
+    extractor = GenericFakeChatModel(messages=iter([cut, cut, cut]))
+    memory = make_memory(extractor=extractor, retry_base_delay=0.01)
+    say(history(backup, memory, "cut"), "what is the AR table?", "a ledger of invoices")
+    assert memory.run_pending(max_batches=1) == 0
+    [job] = job_rows(backup)
+    assert "cut at its output limit ('max_tokens')" in job.last_error
+    memory.flush(timeout=10)
+    [row] = catalog(backup)
+    assert (row.kind, row.text) == ("raw", "User: what is the AR table?\nAI: a ledger of invoices")
 
 
 def test_garbage_then_a_good_answer_is_extracted(
