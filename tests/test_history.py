@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -166,10 +167,23 @@ def test_an_image_counts_what_its_size_costs() -> None:
     assert image_tokens({"type": "image", "base64": image_base64(10, 10)}) == 255  # one tile
     assert image_tokens({"type": "image", "base64": image_base64(768, 2048)}) == 1445  # 8 tiles
     assert image_tokens({"type": "image", "base64": image_base64(4000, 3000)}) == 1534  # 1.15 MP
-    low = {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}}
-    assert image_tokens(low) == 85
+    # OpenAI's low detail is not believed: Anthropic's integration drops it.
+    low = {
+        "type": "image_url",
+        "image_url": {"url": blocks[0]["image_url"]["url"], "detail": "low"},
+    }
+    assert image_tokens(low) == 1366
     assert image_tokens({"type": "image", "url": "https://example.com/a.png"}) == 1600
     assert image_tokens({"type": "image", "base64": "not an image"}) == 1600
+    # A header's size is untrusted: an SVG's floats (inf), a Netpbm's 500 digits.
+    for data in (
+        b'<svg xmlns="http://www.w3.org/2000/svg" width="' + b"9" * 400 + b'" height="1"></svg>',
+        b"P1\n" + b"9" * 500 + b" 1\n",
+    ):
+        encoded = base64.b64encode(data).decode()
+        block = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}}
+        assert image_tokens(block) == 1600
+        assert estimate_tokens(HumanMessage([block])) > 1600
     screenshot = HumanMessage(
         [{"type": "text", "text": "step 1"}, {"type": "image", "base64": image_base64(1280, 800)}]
     )

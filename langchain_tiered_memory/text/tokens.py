@@ -26,8 +26,7 @@ from langchain_tiered_memory.core.turns import tool_calls_of
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
 #: Tokens charged per audio, video or file block, whatever its length (as
-#: langchain_core's ``count_tokens_approximately`` charges an image), and per image
-#: sent at OpenAI's low detail.
+#: langchain_core's ``count_tokens_approximately`` charges an image).
 TOKENS_PER_MEDIA_BLOCK = 85
 #: Tokens charged for an image whose size cannot be read (a URL, a file id, data
 #: of an unknown format): about the most a provider charges for one image
@@ -39,6 +38,8 @@ IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})
 #: Base64 characters decoded to find an image's size: its header (a JPEG's may
 #: follow tens of kilobytes of EXIF data).
 IMAGE_HEADER_CHARS = 128 * 1024
+#: The largest image side believed from a header (2**31 pixels, as PNG's limit).
+MAX_IMAGE_SIDE = 2**31 - 1
 #: Content blocks of media (LangChain's standard blocks, OpenAI's Chat Completions
 #: and Responses, Anthropic's).
 MEDIA_BLOCKS = frozenset(
@@ -136,32 +137,49 @@ def _block_text(block: dict[str, Any]) -> str:
     return json.dumps(block, ensure_ascii=False, default=str)
 
 
-def _image_base64(block: dict[str, Any]) -> str | None:
-    """The base64 data of an image block, whichever provider's shape it has."""
+def _image_head(block: dict[str, Any]) -> tuple[str, int] | None:
+    """The start of an image block's base64 data and its length, whatever the shape.
+
+    Only the start (:data:`IMAGE_HEADER_CHARS`) is copied: the block is counted
+    again at every turn, and its data may be megabytes.
+    """
+    data: Any = None
+    start = 0
     source = block.get("source")
-    if isinstance(source, dict) and source.get("type") == "base64":  # Anthropic
-        data = source.get("data")
-        return data if isinstance(data, str) else None
-    for key in ("base64", "data"):  # LangChain's standard block (v1, then v0)
-        if isinstance(block.get(key), str):
-            return str(block[key])
-    url = block.get("image_url", block.get("url"))
-    if isinstance(url, dict):  # OpenAI Chat Completions
-        url = url.get("url")
-    if isinstance(url, str) and url.startswith("data:") and ";base64," in url[:256]:
-        return url.split(",", 1)[1]
-    return None
+    if isinstance(source, dict):  # Anthropic
+        data = source.get("data") if source.get("type") == "base64" else None
+    elif isinstance(block.get("base64"), str):  # LangChain's standard block (v1)
+        data = block["base64"]
+    elif isinstance(block.get("data"), str):  # (v0)
+        data = block["data"]
+    else:
+        url = block.get("image_url", block.get("url"))
+        if isinstance(url, dict):  # OpenAI Chat Completions
+            url = url.get("url")
+        if isinstance(url, str) and url.startswith("data:"):
+            comma = url.find(",", 0, 256)
+            if comma > 0 and url[:comma].endswith(";base64"):
+                data, start = url, comma + 1
+    if not isinstance(data, str):
+        return None
+    return data[start : start + IMAGE_HEADER_CHARS], len(data) - start
 
 
-def _image_size(data: str) -> tuple[int, int] | None:
-    """An image's width and height from the header of its base64 data, if readable."""
-    head = data[:IMAGE_HEADER_CHARS]
+def _image_size(head: str) -> tuple[int, int] | None:
+    """An image's width and height from the start of its base64 data, if readable.
+
+    Sizes come from untrusted bytes: only whole numbers of pixels up to
+    :data:`MAX_IMAGE_SIDE` count (an SVG's are floats, ``inf`` included).
+    """
     try:
         raw = base64.b64decode(head[: len(head) - len(head) % 4])
         width, height = imagesize.get(io.BytesIO(raw))
     except Exception:  # not base64, or not an image imagesize knows: charged as unsized
         return None
-    return (width, height) if width > 0 and height > 0 else None
+    sides = (width, height)
+    if all(type(side) is int and 0 < side <= MAX_IMAGE_SIDE for side in sides):
+        return width, height
+    return None
 
 
 def image_tokens(block: dict[str, Any]) -> int:
@@ -169,23 +187,22 @@ def image_tokens(block: dict[str, Any]) -> int:
 
     The larger of OpenAI's high-detail tiles (170 per 512-pixel tile of the image
     fitted in 2048 and its short side in 768, plus 85) and Anthropic's pixels / 750
-    (at most 1,568 pixels on the long side and 1.15 megapixels).
-    :data:`TOKENS_PER_MEDIA_BLOCK` at OpenAI's low detail;
-    :data:`TOKENS_PER_UNSIZED_IMAGE` when the size cannot be read.
+    (at most 1,568 pixels on the long side and 1.15 megapixels), for the size read
+    from the header of its base64 data; :data:`TOKENS_PER_UNSIZED_IMAGE` when the
+    size cannot be read. OpenAI's ``detail: "low"`` is not taken at its word:
+    other providers' integrations drop it and charge the whole image.
     """
-    url = block.get("image_url")
-    detail = block.get("detail") or (url.get("detail") if isinstance(url, dict) else None)
-    if detail == "low":
-        return TOKENS_PER_MEDIA_BLOCK
-    data = _image_base64(block)
-    if data is None:
+    found = _image_head(block)
+    if found is None:
         return TOKENS_PER_UNSIZED_IMAGE
-    key = (hash(data), len(data))  # the same image is counted again at every turn
-    if key not in _sizes:
-        _sizes[key] = _image_size(data)
+    head, length = found
+    key = (hash(head), length)  # the same image is counted again at every turn
+    if key in _sizes:
+        size = _sizes.get(key)
+    else:
+        size = _sizes[key] = _image_size(head)
         if len(_sizes) > CACHE_SIZE:
             _sizes.popitem(last=False)
-    size = _sizes[key]
     if size is None:
         return TOKENS_PER_UNSIZED_IMAGE
     width, height = size
