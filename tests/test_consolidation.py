@@ -557,6 +557,12 @@ def test_a_raw_batch_leaves_an_existing_memory_unchanged(
         {"finish_reason": "length"},  # OpenAI
         {"stop_reason": "max_tokens"},  # Anthropic
         {"incomplete_details": {"reason": "max_output_tokens"}},  # OpenAI Responses
+        {"stop_reason": "model_context_window_exceeded"},  # Anthropic
+        {"finish_reason": "content_filter"},  # OpenAI, Azure: cut by the filter
+        {"stopReason": "content_filtered"},  # Bedrock Converse
+        {"status": "incomplete", "incomplete_details": {"reason": "content_filter"}},
+        {"finish_reason": "SAFETY"},  # Gemini
+        {"stop_reason": "refusal"},  # Anthropic
     ],
 )
 def test_an_answer_cut_at_the_output_limit_keeps_the_memory(

@@ -26,6 +26,7 @@ from sqlalchemy import event
 
 from langchain_tiered_memory import ArchiveUnavailableError, MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.storage.base import utcnow
+from langchain_tiered_memory.tiers.extraction import parse_extraction
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .conftest import MYSQL_URL, _drop, require_mysql
@@ -276,10 +277,43 @@ def test_an_answer_cut_at_the_output_limit_counts_as_a_failure(
     say(history(backup, memory, "cut"), "what is the AR table?", "a ledger of invoices")
     assert memory.run_pending(max_batches=1) == 0
     [job] = job_rows(backup)
-    assert "cut at its output limit ('max_tokens')" in job.last_error
+    assert "not whole (finish reason 'max_tokens')" in job.last_error
     memory.flush(timeout=10)
     [row] = catalog(backup)
     assert (row.kind, row.text) == ("raw", "User: what is the AR table?\nAI: a ledger of invoices")
+
+
+INCOMPLETE = [
+    {"finish_reason": "length"},
+    {"stop_reason": "max_tokens"},
+    {"stop_reason": "model_context_window_exceeded"},
+    {"finish_reason": "content_filter"},
+    {"stopReason": "content_filtered"},
+    {"status": "incomplete", "incomplete_details": {"reason": "content_filter"}},
+    {"finish_reason": "SAFETY"},
+    {"stop_reason": "refusal"},
+]
+WHOLE = [
+    {},
+    {"finish_reason": "stop"},
+    {"finish_reason": "STOP"},
+    {"stop_reason": "end_turn"},
+    {"stopReason": "end_turn"},
+    {"done_reason": "stop"},
+    {"status": "completed"},
+]
+
+
+@pytest.mark.parametrize("metadata", INCOMPLETE)
+def test_an_answer_that_is_not_whole_is_no_memory(metadata: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="not whole"):
+        parse_extraction(AIMessage("The refund IBAN is DE89 3704", response_metadata=metadata))
+
+
+@pytest.mark.parametrize("metadata", WHOLE)
+def test_a_whole_answer_is_a_memory(metadata: dict[str, Any]) -> None:
+    answer = AIMessage("The refund IBAN is DE89 3704 0044", response_metadata=metadata)
+    assert parse_extraction(answer) == "The refund IBAN is DE89 3704 0044"
 
 
 def test_garbage_then_a_good_answer_is_extracted(

@@ -29,6 +29,23 @@ from langchain_core.messages import BaseMessage
 FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason", "stopReason", "finishReason")
 #: Values (lower-cased) that mean "stopped at the output-token limit".
 TRUNCATED_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
+#: Values (lower-cased) that mean "not a whole answer": truncated, the context
+#: window exhausted (Anthropic, Bedrock), a content filter (OpenAI, Azure, Bedrock,
+#: Gemini's safety and recitation stops), a refusal (Anthropic).
+INCOMPLETE_REASONS = TRUNCATED_REASONS | frozenset(
+    {
+        "model_context_window_exceeded",
+        "content_filter",
+        "content_filtered",
+        "guardrail_intervened",
+        "safety",
+        "recitation",
+        "blocklist",
+        "prohibited_content",
+        "spii",
+        "refusal",
+    }
+)
 
 
 def _reason_text(value: Any) -> str | None:
@@ -63,3 +80,16 @@ def is_truncated(message: BaseMessage) -> bool:
     """Whether the provider says ``message`` was cut by its output-token limit."""
     reason = finish_reason(message)
     return reason is not None and reason.lower() in TRUNCATED_REASONS
+
+
+def is_incomplete(message: BaseMessage) -> bool:
+    """Whether the provider says ``message`` is not a whole answer.
+
+    Cut by the output limit (:func:`is_truncated`), by the context window or by a
+    content filter, or a refusal. What a tier that stores an answer as a whole (a
+    memory, MEMORY.md) checks; only a truncated answer is worth continuing.
+    """
+    reason = finish_reason(message)
+    if reason is not None and reason.lower() in INCOMPLETE_REASONS:
+        return True
+    return (message.response_metadata or {}).get("status") == "incomplete"  # OpenAI Responses

@@ -6,8 +6,9 @@ oldest ``batch`` of them, with the current MEMORY.md, to the LLM. Its answer
 replaces MEMORY.md; the raw batch is appended to HISTORY.md. The cursor moves in
 one database transaction only after both writes succeeded, so a crash never
 loses or doubles a batch. An LLM call fails if it raises or times out, or if its
-answer is empty, longer than :data:`MEMORY_MD_CHARS` or cut off at the model's
-output limit (its finish reason says so): MEMORY.md then stays as it was. After
+answer is empty, longer than :data:`MEMORY_MD_CHARS` or not whole (cut at the
+output limit or by a content filter, or a refusal: its finish reason says so):
+MEMORY.md then stays as it was. After
 ``max_attempts`` failed LLM calls the batch is archived raw, marked ``[RAW]``.
 
 The database is the source of truth and the files follow it. A batch's entry is
@@ -43,7 +44,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory.core.finish import finish_reason, is_truncated
+from langchain_tiered_memory.core.finish import finish_reason, is_incomplete
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of, tool_calls_of
@@ -392,10 +393,10 @@ class MemoryConsolidator(QueueWorker):
             answer = call_with_timeout(
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )
-            if is_truncated(answer):
+            if is_incomplete(answer):
                 # It rewrites the whole document: a cut one drops what followed the cut.
                 msg = (
-                    f"the LLM's answer was cut at its output limit (finish reason "
+                    f"the LLM's answer is not whole (finish reason "
                     f"{finish_reason(answer)!r}); MEMORY.md is kept as it was"
                 )
                 raise ValueError(msg)

@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from langchain_tiered_memory.core.finish import finish_reason, is_truncated
+from langchain_tiered_memory.core.finish import finish_reason, is_incomplete
 from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
@@ -113,13 +113,13 @@ def parse_extraction(answer: BaseMessage | str) -> str | None:
     """The memory text of an extractor's answer; ``None`` when it said ``NONE``.
 
     Raises:
-        ValueError: If the answer is empty or not text, or cut at the model's
-            output limit (its finish reason says so: half a fact stated as a
-            whole one). Such an answer counts as a failed attempt, so it is retried
-            and finally stored raw.
+        ValueError: If the answer is empty or not text, or not whole (cut at the
+            output limit or by a content filter, or a refusal: its finish reason
+            says so; half a fact would be stored as a whole one). Such an answer
+            counts as a failed attempt, so it is retried and finally stored raw.
     """
-    if isinstance(answer, BaseMessage) and is_truncated(answer):
-        msg = f"the extractor's answer was cut at its output limit ({finish_reason(answer)!r})"
+    if isinstance(answer, BaseMessage) and is_incomplete(answer):
+        msg = f"the extractor's answer is not whole (finish reason {finish_reason(answer)!r})"
         raise ValueError(msg)
     text = answer if isinstance(answer, str) else answer.content
     if not isinstance(text, str):
