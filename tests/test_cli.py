@@ -37,6 +37,7 @@ from langchain_tiered_memory.core.prompts import PROMPTS
 from .conftest import MYSQL_URL, _drop, _free_port, chroma_settings, require_mysql
 from .fakes import HashEmbeddings
 from .long_memory_support import catalog, chroma_ids
+from .scripts import ROOT, SCRIPT_TIMEOUT
 
 VENV_BIN = Path(sys.executable).parent
 UNREACHABLE_MYSQL = "mysql+pymysql://root@127.0.0.1:1/test"
@@ -298,6 +299,47 @@ def test_stored_escape_sequences_never_reach_the_terminal(home: Path) -> None:
     words = shlex.split(hint.split(": ", 1)[1])
     assert words[:3] == ["tiered-memory", "show", session]
     assert words[3] == "--before"
+
+
+def _export(home: Path, session: str, *, terminal: bool) -> bytes:
+    """What ``tiered-memory export`` writes to a real terminal (a pty) or to a pipe."""
+    command = [sys.executable, "-m", "langchain_tiered_memory.cli", "--home", str(home)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not terminal:
+        done = subprocess.run(
+            [*command, "export", session], capture_output=True, env=env, timeout=SCRIPT_TIMEOUT
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    leader, follower = os.openpty()
+    process = subprocess.Popen(
+        [*command, "export", session], stdout=follower, stderr=subprocess.PIPE, env=env
+    )
+    os.close(follower)
+    written = b""
+    try:
+        while chunk := os.read(leader, 65536):
+            written += chunk
+    except OSError:  # EIO: the terminal's other end is closed
+        pass
+    finally:
+        os.close(leader)
+    assert process.wait(timeout=SCRIPT_TIMEOUT) == 0
+    return written
+
+
+def test_export_escapes_controls_for_a_terminal_and_keeps_them_in_a_pipe(home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    backup = MySQLBackup(f"sqlite:///{home / 'archive.sqlite3'}")
+    evil = "a \x1b]52;c;cm0gLXJmIH4K\x07 b \x1b[2J c \x9b31m d \u202eevil\u2069 e"
+    backup.add_messages("s", [HumanMessage(evil), AIMessage("ok")])
+    backup.dispose()
+
+    shown = _export(home, "s", terminal=True).decode()
+    assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", shown)
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07 b \\x1b[2J c \\x9b31m d \\u202eevil\\u2069 e" in shown
+    # To a pipe (a file, another program) the export is data: exactly what was stored.
+    assert evil in _export(home, "s", terminal=False).decode()
 
 
 def test_forget_asks_then_removes_the_session_from_every_tier(

@@ -34,6 +34,7 @@ from langchain_tiered_memory.cli.render import (
     export_jsonl,
     export_md,
     folder_size,
+    for_terminal,
     message_text,
     out,
     print_memories,
@@ -385,7 +386,8 @@ def export(
         raise CliError(msg)
     document = export_md(session, rows) if fmt is ExportFormat.md else export_jsonl(rows)
     if output is None:
-        sys.stdout.write(document)
+        # To a terminal its controls are escaped; to a pipe or a file it is data, exact.
+        sys.stdout.write(for_terminal(document) if sys.stdout.isatty() else document)
         sys.stdout.flush()
         return
     output.write_text(document, encoding="utf-8", errors="backslashreplace")

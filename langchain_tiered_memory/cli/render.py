@@ -43,20 +43,36 @@ def message_text(message: BaseMessage) -> str:
     return content
 
 
-# C0 and C1 controls left once whitespace is folded: ESC, CSI (U+009B), BEL, DEL...
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+# C0 and C1 controls (ESC, CSI U+009B, BEL, DEL...) and the bidi controls that
+# reorder what a reader sees ("Trojan Source"): stored text is untrusted.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_CONTROLS_BUT_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape").decode()
+
+
+def for_terminal(text: str) -> str:
+    r"""``text`` with its control characters shown as escapes (``\x1b``), lines and tabs kept.
+
+    What a document printed to a terminal goes through: an escape sequence in a
+    stored message would drive the reader's terminal (clear the screen, hide
+    lines, set its clipboard), a bidi control would reorder what they read.
+    """
+    return _CONTROLS_BUT_LINES.sub(_escaped, text)
 
 
 def shorten(value: str, limit: int) -> str:
     r"""``value`` on one line, cut to ``limit`` characters (``0``: no limit).
 
     A lone surrogate is shown as its escape (``\ud83d``), so a table measures the
-    cell as it is printed. So is a control character (``\x1b``): stored text is
-    untrusted, and an escape sequence in it would drive the reader's terminal
-    (clear the screen, hide lines, set its clipboard).
+    cell as it is printed. So is a control character (``\x1b``), as in
+    :func:`for_terminal`.
     """
     value = " ".join(value.split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    value = _CONTROLS.sub(lambda found: found.group().encode("unicode_escape").decode(), value)
+    value = _CONTROLS.sub(_escaped, value)
     if limit <= 0 or len(value) <= limit:
         return value
     return value[: limit - 1] + "…"
