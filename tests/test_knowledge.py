@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import chromadb
 import pytest
+from chromadb.api.models.Collection import Collection
 from langchain_core.retrievers import BaseRetriever
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
@@ -27,6 +29,7 @@ from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
 from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
+from .conftest import chroma_settings
 from .fakes import HashEmbeddings, SaltedHashEmbeddings, WideHashEmbeddings
 from .scripts import run_python
 
@@ -744,12 +747,22 @@ KnowledgeBase(persist_directory="chroma", collection_name="kb-ar", chunk_size=60
 """
 
 
-@pytest.mark.parametrize("kill_after", [0, 1, 2])
-def test_a_reindex_killed_at_any_step_loses_no_chunk(tmp_path: Path, kill_after: int) -> None:
+@pytest.mark.parametrize(
+    ("kill_after", "opened_between"), [(0, False), (1, False), (1, True), (2, False)]
+)
+def test_a_reindex_killed_at_any_step_loses_no_chunk(
+    tmp_path: Path, kill_after: int, opened_between: bool
+) -> None:
     """A process killed while ``reindex`` swaps collections (before, between or after
-    its renames) leaves every chunk; the next knowledge base of the name finishes."""
+    its renames) leaves every chunk; the next knowledge base of the name finishes,
+    also when one opened between the renames created an empty collection of the name."""
     code = KILLED_REINDEX.format(doc=AR_DOC, kill_after=kill_after)
     count = int(run_python(code, tmp_path, returncode=9).stdout.split()[0])
+    if opened_between:
+        client = chromadb.PersistentClient(
+            path=str(tmp_path / "chroma"), settings=chroma_settings()
+        )
+        client.create_collection("kb-ar", metadata=knowledge.COLLECTION_METADATA)
 
     kb = KnowledgeBase(
         persist_directory=tmp_path / "chroma",
@@ -767,6 +780,43 @@ def test_a_reindex_killed_at_any_step_loses_no_chunk(tmp_path: Path, kill_after:
     assert "reminder email" in top.page_content
     names = [collection.name for collection in kb.client.list_collections()]
     assert not [name for name in names if name.startswith("kb-retired-")], names
+
+
+def test_a_knowledge_base_opened_during_a_reindex_leaves_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened between the reindex's two renames, a knowledge base finds the name free
+    and creates an empty collection under it: the reindex's new collection still
+    takes the name (it used to fail, and every later knowledge base saw no chunk)."""
+    folder = tmp_path / "chroma"
+    settings: dict[str, Any] = {"chunk_size": 60, "chunk_overlap": 0}
+    kb = KnowledgeBase(
+        persist_directory=folder, collection_name="docs", embedding=HashEmbeddings(), **settings
+    )
+    kb.add_texts([AR_DOC, "Deployments happen on Fridays."])
+    count = kb.count()
+    modify = Collection.modify
+
+    def open_between(self: Any, *args: Any, **kwargs: Any) -> None:
+        modify(self, *args, **kwargs)
+        if str(kwargs.get("name", "")).startswith(knowledge.RETIRED_PREFIX):
+            # The opener looked for a half-done move before this rename (none), and
+            # gets or creates its collection after it: the name is free.
+            bigger.client.get_or_create_collection("docs", metadata=knowledge.COLLECTION_METADATA)
+
+    monkeypatch.setattr(Collection, "modify", open_between)
+    bigger = KnowledgeBase(
+        persist_directory=folder, collection_name="docs", embedding=WideHashEmbeddings(), **settings
+    )
+    assert bigger.reindex() == count
+    monkeypatch.undo()
+    again = KnowledgeBase(
+        persist_directory=folder, collection_name="docs", embedding=WideHashEmbeddings(), **settings
+    )
+    assert again.count() == count
+    assert [c.name for c in again.client.list_collections()] == ["docs"]
+    top = again.search("which day is the reminder email sent for overdue invoices", k=1)[0]
+    assert "reminder email" in top.page_content
 
 
 def test_an_emptied_collection_keeps_its_size_until_reindex(make_kb: MakeKB) -> None:

@@ -631,13 +631,10 @@ class KnowledgeBase:
             # of this name finishes the move (_finish_reindex).
             self.collection.modify(name=f"{RETIRED_PREFIX}{token}")
             try:
-                fresh.modify(name=name)
+                self._take_name(fresh, name)
             except Exception:
-                if not self._holds_name(fresh, name):  # else another process finished it
-                    logger.error(
-                        "the reindexed chunks of %r are in collection %r", name, fresh.name
-                    )
-                    raise
+                logger.error("the reindexed chunks of %r are in collection %r", name, fresh.name)
+                raise
             self._delete_if_there(f"{RETIRED_PREFIX}{token}")
             self.collection = fresh
             return len(ids)
@@ -646,10 +643,11 @@ class KnowledgeBase:
         """Finish a :meth:`reindex` of ``name`` that a killed process left half done.
 
         Between its two renames the old chunks are ``kb-retired-<token>`` and the new
-        ones, whole, ``kb-reindex-<token>``: the new ones take the name. After both,
-        the retired collection is deleted. A ``kb-reindex-`` collection with no
-        retired twin is a reindex still writing (or one killed while writing, whose
-        old chunks kept the name): it is left alone.
+        ones, whole, ``kb-reindex-<token>``: the new ones take the name (from an
+        empty collection a knowledge base opened meanwhile may have created under
+        it). After both, the retired collection is deleted. A ``kb-reindex-``
+        collection with no retired twin is a reindex still writing (or one killed
+        while writing, whose old chunks kept the name): it is left alone.
         """
         collections = {collection.name: collection for collection in self.client.list_collections()}
         for collection in list(collections.values()):
@@ -657,23 +655,44 @@ class KnowledgeBase:
             retired = f"{RETIRED_PREFIX}{metadata.get(REINDEX_TOKEN)}"
             if metadata.get(REINDEX_OF) != name or retired not in collections:
                 continue
-            if collection.name != name and name not in collections:
+            holder = collections.get(name)
+            if collection.name != name and (holder is None or holder.count() == 0):
                 logger.warning("finishing an interrupted reindex of the knowledge base %r", name)
-                try:
-                    collection.modify(name=name)
-                except Exception:
-                    if not self._holds_name(collection, name):
-                        raise
+                self._take_name(collection, name)
                 collections[name] = collection
             if collections.get(name) is collection or self._holds_name(collection, name):
                 self._delete_if_there(retired)
 
+    def _take_name(self, collection: Any, name: str) -> None:
+        """Give a reindex's whole new collection the name.
+
+        An empty collection under the name gives way: a knowledge base opened
+        between the reindex's two renames found the name free and created it. One
+        holding chunks does not (the rename fails).
+        """
+        for last in (False, True):
+            try:
+                collection.modify(name=name)
+                return
+            except Exception:
+                holder = self._named(name)
+                if holder is not None and holder.id == collection.id:
+                    return  # another process finished the move
+                if last or holder is None or holder.count() > 0:
+                    raise
+                self._delete_if_there(name)
+
+    def _named(self, name: str) -> Any:
+        """The collection called ``name``, ``None`` if there is none."""
+        try:
+            return self.client.get_collection(name)
+        except Exception:  # no collection of that name
+            return None
+
     def _holds_name(self, collection: Any, name: str) -> bool:
         """Whether the collection called ``name`` now is ``collection``."""
-        try:
-            return bool(self.client.get_collection(name).id == collection.id)
-        except Exception:  # no collection of that name
-            return False
+        holder = self._named(name)
+        return holder is not None and holder.id == collection.id
 
     def _delete_if_there(self, name: str) -> None:
         """Delete a collection that another process may have deleted already."""
