@@ -42,12 +42,23 @@ def workers() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("tiered-memory-")}
 
 
+def _batch_helper(thread: threading.Thread) -> bool:
+    """A thread that lives for one batch: its lease heartbeat, or an LLM call."""
+    return thread.name.endswith("-heartbeat") or thread.name == "tiered-memory-llm-call"
+
+
 def new_workers(before: set[threading.Thread]) -> list[str]:
     """The names of the workers alive now that were not in ``before``.
 
     An earlier test's worker may still be ending in this process (a batch it did not
     wait for), so a test counts only the threads it started.
+
+    A batch's heartbeat thread is told to stop as the batch ends, and is not joined:
+    it ends a moment later, on its own schedule. A drain can return (its jobs
+    committed) and a worker be joined while it is still alive, so the helpers this
+    test started get a bounded wait to end first (one that never ends is listed).
     """
+    wait_until(lambda: not any(_batch_helper(t) for t in workers() - before), timeout=10)
     return sorted(t.name for t in workers() - before)
 
 
