@@ -38,7 +38,7 @@ from langchain_tiered_memory.tiers.long_memory.catalog import storable
 
 from .conftest import MYSQL_URL, require_mysql
 from .fakes import HashEmbeddings
-from .long_memory_support import FakeExtractor
+from .long_memory_support import FakeExtractor, wait_until
 from .reliability_support import (
     ChaosExtractor,
     ChromaServer,
@@ -412,6 +412,10 @@ def test_async_calls_against_a_silent_server_raise_within_the_timeout(
 # -- the Chroma server killed and restarted ------------------------------------------------
 
 
+#: How the worker logs a batch that failed on something else than the LLM.
+OUTAGE = ("ChromaLongMemory failed; retrying", "ChromaLongMemory still failing")
+
+
 def test_chroma_server_killed_and_restarted(
     backup: MySQLBackup, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -469,7 +473,14 @@ def test_chroma_server_killed_and_restarted(
         assert docs and docs[0].page_content == "Summary: chroma question 4 q4x"
         assert "the Chroma server at" in caplog.text  # at construction
         assert "dense search unavailable" in caplog.text  # at search
-        time.sleep(0.5)  # the worker tries, fails on Chroma, and keeps the jobs
+        # The worker tries more often than an extraction's attempts (3), fails on
+        # Chroma each time, and keeps the jobs: an outage is not the LLM's failure.
+        with caplog.at_level("WARNING", logger="langchain_tiered_memory"):
+            caplog.clear()
+            assert wait_until(
+                lambda: sum(r.getMessage().startswith(OUTAGE) for r in caplog.records) > 3,
+                timeout=60,
+            )
         assert len(table_rows(backup, "jobs")) == 5
         assert memory._thread is not None and memory._thread.is_alive()
         server.start()  # same folder and port
