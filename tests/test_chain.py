@@ -108,7 +108,7 @@ def test_a_fact_from_an_early_session_is_recalled_in_a_later_one(
         chat.invoke(question, config("s1", "u1"))
     long_memory.flush(timeout=30)
 
-    window = TieredChatMessageHistory("s1", backup=backup, window_turns=2).messages
+    window = TieredChatMessageHistory("s1", user_id="u1", backup=backup, window_turns=2).messages
     assert window and not any("WH-7731" in text for text in texts(window))  # moved past it
 
     chat.invoke({"input": "Which warehouse code did I give you?"}, config("s2", "u1"))

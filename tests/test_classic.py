@@ -146,7 +146,7 @@ def test_fact_from_an_earlier_session_is_recalled(
         return conversation(model, TieredMemory(history=history, scope="user", k=1))
 
     _early_session(chain_for)
-    s1 = TieredChatMessageHistory("s1", backup=backup, window_turns=2)
+    s1 = TieredChatMessageHistory("s1", user_id="u1", backup=backup, window_turns=2)
     assert FACT not in prompt_text(s1.messages)  # the window has moved on
     long_memory.flush(timeout=30)
 
@@ -303,12 +303,14 @@ async def test_a_cleared_session_stays_its_users(backup: MySQLBackup) -> None:
 
 
 async def test_a_memory_without_a_user_clears_no_users_session(backup: MySQLBackup) -> None:
-    """``clear`` forgets the session, a write: a user-less memory may read it, not erase it."""
+    """A user-less memory neither shows a user's session (its buffer goes into a prompt)
+    nor erases it."""
     TieredMemory(history=TieredChatMessageHistory("s1", user_id="u1", backup=backup)).save_context(
         {"input": FACT}, {"response": "Noted!"}
     )
     anonymous = TieredMemory(history=TieredChatMessageHistory("s1", backup=backup))
-    assert FACT in anonymous.buffer
+    with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+        anonymous.buffer  # noqa: B018 - the read is what is refused
 
     with pytest.raises(SessionOwnershipError, match="belongs to a user"):
         anonymous.clear()

@@ -477,7 +477,7 @@ def _early_session(agent: Any, backup: MySQLBackup) -> None:
     agent.invoke(ask(FACT), config)
     for n in range(3):
         agent.invoke(ask(f"Let us talk about invoice batch {n}."), config)
-    window = TieredChatMessageHistory("s1", backup=backup, window_turns=2).messages
+    window = TieredChatMessageHistory("s1", user_id="u1", backup=backup, window_turns=2).messages
     assert FACT not in text_of(window)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables.history import RunnableWithMessageHistory
 from sqlalchemy import delete, insert, select
 
 from langchain_tiered_memory import (
@@ -285,8 +287,10 @@ def test_a_history_of_another_user_reads_and_writes_nothing(
         # Searched directly with bob's id, the session's memories are not his.
         assert memory.search("cat", session_id="s", user_id=BOB) == []
 
-        anonymous = history(None)  # reads everything, writes nothing
-        assert anonymous.messages == alice.messages
+        anonymous = history(None)  # reads the archive, not as a window; writes nothing
+        with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+            anonymous.messages  # noqa: B018 - a window goes into a prompt
+        assert anonymous.all_messages() == alice.all_messages()
         assert "Miso" in anonymous.consolidated_memory
         with pytest.raises(SessionOwnershipError, match="belongs to a user"):
             anonymous.add_messages(turn("anon"))
@@ -330,14 +334,45 @@ def test_rows_of_the_sessions_table_are_removed_by_forget_of_a_user(
         backup.add_messages("b1", turn("5"), user_id=ALICE)
 
 
+async def test_a_user_less_history_never_puts_a_users_session_in_a_prompt(
+    abackup: MySQLBackup,
+) -> None:
+    """RunnableWithMessageHistory with a history made from the session id alone, asked
+    for alice's session: refused before the model, sync and async (the window read was
+    a read, so her messages reached the model; the write check came after the answer,
+    in a listener whose errors langchain-core only logs)."""
+    TieredChatMessageHistory("s", user_id=ALICE, backup=abackup).add_messages(
+        [HumanMessage("my IBAN is DE89 3704"), AIMessage("noted")]
+    )
+    model = RecordingChatModel(messages=replies("ok"))
+    prompt = ChatPromptTemplate.from_messages(
+        [MessagesPlaceholder("history"), ("human", "{input}")]
+    )
+    chat = RunnableWithMessageHistory(
+        prompt | model,
+        lambda session_id: TieredChatMessageHistory(session_id, backup=abackup),
+        input_messages_key="input",
+        history_messages_key="history",
+    )
+    config: Any = {"configurable": {"session_id": "s"}}
+    with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+        chat.invoke({"input": "what is my IBAN?"}, config)
+    with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+        await chat.ainvoke({"input": "what is my IBAN?"}, config)
+    assert model.prompts == []
+    assert abackup.get_messages("s") == [HumanMessage("my IBAN is DE89 3704"), AIMessage("noted")]
+
+
 async def test_a_history_without_a_user_clears_no_users_session(
     abackup: MySQLBackup, tmp_path: Path
 ) -> None:
-    """Clearing is a write: a user-less history may read alice's session, not wipe it."""
+    """A user-less history neither shows alice's session as its window nor wipes it."""
     for archive in (abackup, SessionFileArchive(tmp_path / "files")):
         TieredChatMessageHistory("s", user_id=ALICE, backup=archive).add_messages(turn("1"))
         anonymous = TieredChatMessageHistory("s", backup=archive)
-        assert anonymous.messages == turn("1")  # an administrator's read
+        with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+            anonymous.messages  # noqa: B018 - a window goes into a prompt
+        assert anonymous.all_messages() == turn("1")  # an administrator's read
 
         with pytest.raises(SessionOwnershipError, match="belongs to a user"):
             anonymous.clear()

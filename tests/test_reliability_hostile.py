@@ -666,7 +666,9 @@ def test_any_integer_is_refused_or_answers_exactly(world: World, where: str, val
         "history before_id": lambda: archive.history("alice", before_id=value),
         "tail turns": lambda: archive.tail("alice", value),
         "window_turns": lambda: (
-            TieredChatMessageHistory("alice", backup=world.backup, window_turns=value).messages
+            TieredChatMessageHistory(
+                "alice", user_id="u-alice", backup=world.backup, window_turns=value
+            ).messages
         ),
         "search k": lambda: world.memory.search(
             "question", session_id="alice", user_id="u-alice", k=value

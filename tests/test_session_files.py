@@ -99,7 +99,9 @@ from langchain_core.messages import messages_to_dict
 from langchain_tiered_memory import SessionFileArchive, TieredChatMessageHistory
 
 root, session = sys.argv[1:3]
-history = TieredChatMessageHistory(session, backup=SessionFileArchive(root), window_turns=2)
+history = TieredChatMessageHistory(
+    session, user_id="u1", backup=SessionFileArchive(root), window_turns=2
+)
 print(json.dumps({"window": messages_to_dict(history.messages),
                   "all": messages_to_dict(history.all_messages())}))
 """
@@ -123,7 +125,9 @@ def test_window_restart_and_the_files_on_disk(tmp_path: Path) -> None:
     assert history.messages == expected
 
     # A new instance, and a fresh process, see the same window.
-    again = TieredChatMessageHistory(session, backup=SessionFileArchive(root), window_turns=2)
+    again = TieredChatMessageHistory(
+        session, user_id="u1", backup=SessionFileArchive(root), window_turns=2
+    )
     assert again.messages == expected
     done = _run(
         _READ_WINDOW, str(root), session, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -122,8 +122,9 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
     user). A history whose ``user_id`` is not the session's owner reads and writes
     nothing: every method raises
     :class:`~langchain_tiered_memory.SessionOwnershipError`. A history without a
-    ``user_id`` may read any session (an administrator's view) but write only a
-    session without a user.
+    ``user_id`` may read any session's archive (an administrator's view:
+    :meth:`all_messages`), but its window, which goes into a prompt, and its writes
+    only a session without a user.
 
     Args:
         session_id: The conversation. Untrusted input is fine: it is validated.
@@ -249,7 +250,15 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
     @property
     def _tail(self) -> dict[str, Any]:
         """The archive's arguments for the window's read."""
-        return {"session_id": self.session_id, "turns": self.window_turns, "user_id": self.user_id}
+        # Checked as a write: the window goes into a prompt, so a history without a
+        # user must not put a user's session there (RunnableWithMessageHistory reads
+        # it before the model and writes after, where a refusal is only logged).
+        return {
+            "session_id": self.session_id,
+            "turns": self.window_turns,
+            "user_id": self.user_id,
+            "write": True,
+        }
 
     def check_owner(self, *, write: bool = False) -> None:
         """Raise if this history's user may not use its session (see the class docs).

@@ -706,9 +706,9 @@ class MySQLBackup(Lifecycle):
         return messages_from_dict(payloads)
 
     def _tail_plan(
-        self, session_id: str, turns: int, user_id: str | None = None
+        self, session_id: str, turns: int, user_id: str | None = None, write: bool = False
     ) -> Plan[list[BaseMessage]]:
-        yield from self.owner_check_plan(session_id, user_id)
+        yield from self.owner_check_plan(session_id, user_id, write)
         first = yield from self._tail_start_plan(session_id, turns)
         t = self.table
         result = yield (
@@ -976,30 +976,45 @@ class MySQLBackup(Lifecycle):
         plan = self.owner_check_plan(validate_id(session_id), validate_optional_id(user_id), write)
         await self.arun(plan, read_only=True)
 
-    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
+    def tail(
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
+    ) -> list[BaseMessage]:
         """The messages of the last ``turns`` turns, oldest first.
 
         Turns are those of :func:`~langchain_tiered_memory.core.turns.turn_starts`:
         a run of human messages and what follows it; messages before the first
         human message count as one turn.
 
+        Args:
+            session_id: The session.
+            turns: How many turns.
+            user_id: The reading user, checked as in :meth:`check_owner`.
+            write: Check as for a write (``None`` then reads only a session without
+                a user): a history's window, which goes into a prompt, is read so.
+
         Raises:
             SessionOwnershipError: If ``user_id`` is given and the session is not
-                theirs (see :meth:`check_owner`).
+                theirs (see :meth:`check_owner`), or with ``write`` if it has a
+                user while ``user_id`` is ``None``.
         """
-        plan = self._tail_plan(
-            validate_id(session_id), check_int("turns", turns), validate_optional_id(user_id)
-        )
-        return self.run(plan, read_only=True)
+        return self.run(self._tail_args(session_id, turns, user_id, write), read_only=True)
 
     async def atail(
-        self, session_id: str, turns: int, *, user_id: str | None = None
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
     ) -> list[BaseMessage]:
         """Async :meth:`tail`."""
-        plan = self._tail_plan(
-            validate_id(session_id), check_int("turns", turns), validate_optional_id(user_id)
+        return await self.arun(self._tail_args(session_id, turns, user_id, write), read_only=True)
+
+    def _tail_args(
+        self, session_id: str, turns: int, user_id: str | None, write: bool
+    ) -> Plan[list[BaseMessage]]:
+        """:meth:`tail`'s plan, its arguments checked."""
+        return self._tail_plan(
+            validate_id(session_id),
+            check_int("turns", turns),
+            validate_optional_id(user_id),
+            write,
         )
-        return await self.arun(plan, read_only=True)
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every archived message of a session, oldest first (``user_id``: as :meth:`tail`)."""

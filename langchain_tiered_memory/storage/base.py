@@ -211,12 +211,18 @@ class Archive(Protocol):
         """Async :meth:`add_messages`."""
         ...
 
-    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns, oldest first."""
+    def tail(
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
+    ) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns, oldest first.
+
+        With ``write``, ``user_id`` is checked as for a write (``None`` reads only a
+        session without a user): for a window that goes into a prompt.
+        """
         ...
 
     async def atail(
-        self, session_id: str, turns: int, *, user_id: str | None = None
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
     ) -> list[BaseMessage]:
         """Async :meth:`tail`."""
         ...
@@ -319,10 +325,10 @@ class InlineAsyncArchive:
         return self._archive.get_messages(session_id, user_id=user_id)
 
     async def atail(
-        self, session_id: str, turns: int, *, user_id: str | None = None
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
     ) -> list[BaseMessage]:
         """:meth:`tail`."""
-        return self._archive.tail(session_id, turns, user_id=user_id)
+        return self._archive.tail(session_id, turns, user_id=user_id, write=write)
 
     async def aclear(
         self, session_id: str, *, user_id: str | None = None, write: bool = False

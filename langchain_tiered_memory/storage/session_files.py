@@ -229,14 +229,16 @@ class SessionFileArchive(InlineAsyncArchive):
         self.check_owner(session_id, user_id)
         return messages_from_dict([item["data"] for item in self._read(session_id)])
 
-    def tail(self, session_id: str, turns: int, *, user_id: str | None = None) -> list[BaseMessage]:
-        """The messages of the last ``turns`` turns (``user_id``: :meth:`check_owner`).
+    def tail(
+        self, session_id: str, turns: int, *, user_id: str | None = None, write: bool = False
+    ) -> list[BaseMessage]:
+        """The messages of the last ``turns`` turns (``user_id``, ``write``: :meth:`check_owner`).
 
         Turns are those of :func:`~langchain_tiered_memory.core.turns.turn_starts`,
         as in :meth:`MySQLBackup.tail <langchain_tiered_memory.MySQLBackup.tail>`.
         """
         turns = check_int("turns", turns)
-        self.check_owner(session_id, user_id)
+        self.check_owner(session_id, user_id, write=write)
         stored = self._read(session_id)
         starts = turn_starts([item["role"] for item in stored])
         start = starts[-turns] if len(starts) >= turns else 0
