@@ -282,6 +282,29 @@ async def test_astream_yields_chunks_and_archives_only_after_the_last(
     assert texts(await backup.aget_messages("s")) == ["q", "streamed asynchronously here"]
 
 
+@pytest.mark.usefixtures("abackup")
+async def test_a_caller_that_stops_at_the_last_chunk_finds_the_turn_archived(
+    backup: MySQLBackup,
+) -> None:
+    """The last chunk (``chunk_position="last"``) goes out after the turn is archived: a
+    caller that stops there, or a client that disconnects after the last event, had the
+    whole answer while the turn was never kept."""
+    chat = create_tiered_chain(model("the answer is 42", "the answer is 43"), backup=backup)
+    for chunk in chat.stream("what is it?", config("s")):
+        if chunk.chunk_position == "last":
+            assert texts(archived(backup, "s")) == ["what is it?", "the answer is 42"]
+            break
+    else:
+        pytest.fail("no last chunk")
+    async for chunk in chat.astream("and now?", config("s")):
+        if chunk.chunk_position == "last":
+            stored = texts(await backup.aget_messages("s"))
+            assert stored[-2:] == ["and now?", "the answer is 43"]
+            break
+    else:
+        pytest.fail("no last chunk")
+
+
 def test_an_llm_error_mid_stream_writes_nothing(backup: MySQLBackup) -> None:
     chat = create_tiered_chain(model("one two three four", fail_after=3), backup=backup)
     received = []

@@ -92,3 +92,31 @@ def test_streams_need_a_stream_driver() -> None:
         run(emits())
     with pytest.raises(TypeError, match="stream driver"):
         asyncio.run(arun(emits()))
+
+
+def test_a_relay_can_hold_its_last_item_back_for_the_plan() -> None:
+    def held(log: list[Any]) -> StepPlan[None]:
+        last = yield Relay(lambda: iter("abc"), _abc, str.upper, hold_last=True)
+        log.append(f"work after the stream, {last} held")
+        yield Emit(last)
+        empty = yield Relay(lambda: iter(""), _nothing, hold_last=True)
+        log.append(empty)
+
+    log: list[Any] = []
+    assert list(run_stream(held(log))) == ["A", "B", "C"]
+
+    async def collect() -> list[Any]:
+        return [item async for item in arun_stream(held(log))]
+
+    assert asyncio.run(collect()) == ["A", "B", "C"]
+    assert log == ["work after the stream, C held", None] * 2
+
+
+async def _abc() -> Any:
+    for letter in "abc":
+        yield letter
+
+
+async def _nothing() -> Any:
+    for letter in "":
+        yield letter

@@ -50,11 +50,17 @@ class Gather:
 
 @dataclass(frozen=True)
 class Relay:
-    """A stream whose items, mapped by ``each``, go out to the stream driver's caller."""
+    """A stream whose items, mapped by ``each``, go out to the stream driver's caller.
+
+    With ``hold_last`` the last item is not sent out but back to the plan (``None``
+    for an empty stream), which emits it when its work after the stream is done: a
+    caller that stops at the last item has then seen that work finished.
+    """
 
     sync: Callable[[], Iterable[Any]]
     async_: Callable[[], AsyncIterable[Any]]
     each: Callable[[Any], Any] = _same
+    hold_last: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ def stream(
     input: Any,
     config: RunnableConfig | None = None,
     each: Callable[[Any], Any] = _same,
+    *,
+    hold_last: bool = False,
     **kwargs: Any,
 ) -> Relay:
     """A :class:`Relay` of ``runnable.stream`` / ``runnable.astream`` with these arguments."""
@@ -90,6 +98,7 @@ def stream(
         lambda: runnable.stream(input, config, **kwargs),
         lambda: runnable.astream(input, config, **kwargs),
         each,
+        hold_last,
     )
 
 
@@ -164,7 +173,13 @@ def run_stream(plan: StepPlan[Any]) -> Generator[Any, None, None]:
             yield step.value
         elif isinstance(step, Relay):
             for item in step.sync():
-                yield step.each(item)
+                item = step.each(item)
+                if step.hold_last:
+                    if result is not None:
+                        yield result
+                    result = item
+                else:
+                    yield item
         else:
             result = _perform(step)
         step = _advance(plan, result)
@@ -179,7 +194,13 @@ async def arun_stream(plan: StepPlan[Any]) -> AsyncIterator[Any]:
             yield step.value
         elif isinstance(step, Relay):
             async for item in step.async_():
-                yield step.each(item)
+                item = step.each(item)
+                if step.hold_last:
+                    if result is not None:
+                        yield result
+                    result = item
+                else:
+                    yield item
         else:
             result = await _aperform(step)
         step = _advance(plan, result)

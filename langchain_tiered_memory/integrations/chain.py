@@ -45,6 +45,7 @@ from langchain_tiered_memory.core import steps
 from langchain_tiered_memory.core.prompts import Prompts, memory_line, prompts_for
 from langchain_tiered_memory.core.steps import (
     Call,
+    Emit,
     Gather,
     StepPlan,
     arun,
@@ -442,6 +443,7 @@ class TieredChain(Runnable[Any, AIMessage]):
         self, input: Any, config: RunnableConfig, streaming: bool
     ) -> StepPlan[AIMessage]:
         question, history, messages = yield from self._prepare_plan(input, config)
+        last = None
         if streaming:
             chunks: list[AIMessageChunk] = []
 
@@ -449,7 +451,9 @@ class TieredChain(Runnable[Any, AIMessage]):
                 chunks.append(chunk)
                 return chunk
 
-            yield steps.stream(self.llm, messages, config, keep)
+            # The last chunk goes out after the turn is archived: a caller that stops
+            # at it (or disconnects) has a whole answer only when the turn is kept.
+            last = yield steps.stream(self.llm, messages, config, keep, hold_last=True)
             answer = as_ai(reduce(operator.add, chunks) if chunks else AIMessageChunk(content=""))
         else:
             answer = yield steps.invoke(self.llm, messages, config)
@@ -457,6 +461,8 @@ class TieredChain(Runnable[Any, AIMessage]):
         # never archives half an answer.
         turn = [question, answer]
         yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
+        if last is not None:
+            yield Emit(last)
         return answer
 
     # The helpers below take ``run_manager`` to match langchain-core's typed
