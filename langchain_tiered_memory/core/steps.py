@@ -164,6 +164,16 @@ async def arun(plan: StepPlan[T]) -> T:
     return cast("T", step.value)
 
 
+def _relayed(step: Relay, item: Any, held: list[Any]) -> list[Any]:
+    """What goes out for one item of a relay; with ``hold_last``, the item before it."""
+    item = step.each(item)
+    if not step.hold_last:
+        return [item]
+    out = held[:]
+    held[:] = [item]
+    return out
+
+
 def run_stream(plan: StepPlan[Any]) -> Generator[Any, None, None]:
     """Run ``plan`` with the sync side of each step, yielding what it relays and emits."""
     step = _advance(plan, None)
@@ -172,14 +182,10 @@ def run_stream(plan: StepPlan[Any]) -> Generator[Any, None, None]:
         if isinstance(step, Emit):
             yield step.value
         elif isinstance(step, Relay):
+            held: list[Any] = []
             for item in step.sync():
-                item = step.each(item)
-                if step.hold_last:
-                    if result is not None:
-                        yield result
-                    result = item
-                else:
-                    yield item
+                yield from _relayed(step, item, held)
+            result = held[0] if held else None
         else:
             result = _perform(step)
         step = _advance(plan, result)
@@ -193,14 +199,11 @@ async def arun_stream(plan: StepPlan[Any]) -> AsyncIterator[Any]:
         if isinstance(step, Emit):
             yield step.value
         elif isinstance(step, Relay):
+            held: list[Any] = []
             async for item in step.async_():
-                item = step.each(item)
-                if step.hold_last:
-                    if result is not None:
-                        yield result
-                    result = item
-                else:
-                    yield item
+                for out in _relayed(step, item, held):
+                    yield out
+            result = held[0] if held else None
         else:
             result = await _aperform(step)
         step = _advance(plan, result)
