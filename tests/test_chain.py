@@ -636,6 +636,26 @@ async def _chroma_gone(
     assert texts(archived(backup, "s"))[-2:] == ["And in async?", "reply 3"]
 
 
+@pytest.mark.parametrize("result", [None, {"doc": "text"}, 7])
+@pytest.mark.usefixtures("abackup")
+async def test_a_knowledge_retriever_that_returns_no_documents_is_a_failed_tier(
+    backup: MySQLBackup, result: Any
+) -> None:
+    """Warned and left out as a raising retriever is (``None`` raised a bare TypeError
+    past the warning; a dict became documents of its keys)."""
+    llm = model()
+    knowledge = RunnableLambda(lambda question: result)
+    chat = create_tiered_chain(llm, backup=backup, knowledge=knowledge)
+    with pytest.warns(RetrievalFailedWarning, match="knowledge base retrieval failed.*not docu"):
+        assert chat.invoke("q", config("s")).content == "reply 1"
+    with pytest.warns(RetrievalFailedWarning, match="knowledge base retrieval failed.*not docu"):
+        assert (await chat.ainvoke("q2", config("s"))).content == "reply 2"
+    assert llm.prompts[-1][-1] == HumanMessage("q2")  # no documents section
+    strict = create_tiered_chain(llm, backup=backup, knowledge=knowledge, retrieval_errors="raise")
+    with pytest.raises(TypeError, match="not documents"):
+        strict.invoke("q3", config("s"))
+
+
 def test_no_warning_when_every_tier_answers(backup: MySQLBackup, make_memory: MakeMemory) -> None:
     chat = create_tiered_chain(model(), backup=backup, long_memory=make_memory())
     with warnings.catch_warnings():

@@ -96,13 +96,20 @@ def _document_block(position: int, doc: Document) -> str:
 
 
 def _as_documents(value: Any) -> list[Document]:
+    """A retriever's result as documents: a document, a text, or a list of them.
+
+    Raises:
+        TypeError: For anything else (``None``, a dict): a tier failure, reported
+            as any other.
+    """
     if isinstance(value, Document):
         return [value]
     if isinstance(value, str):
         return [Document(page_content=value)]
-    return [
-        item if isinstance(item, Document) else Document(page_content=str(item)) for item in value
-    ]
+    if isinstance(value, list | tuple) and all(isinstance(i, Document | str) for i in value):
+        return [i if isinstance(i, Document) else Document(page_content=i) for i in value]
+    msg = f"it returned {type(value).__name__}, not documents"
+    raise TypeError(msg)
 
 
 class ChainOptions(TypedDict, total=False):
@@ -366,12 +373,15 @@ class TieredChain(Runnable[Any, AIMessage]):
             elif isinstance(result, BaseException):  # a cancellation is not a tier failure
                 raise result
             else:
-                found[tier] = result
+                try:
+                    found[tier] = result if tier == "MEMORY.md" else _as_documents(result)
+                except TypeError as exc:  # a retriever that returned no documents
+                    self._failed(tier, exc)
         return _Context(
             window=window,
-            memories=_as_documents(found.get("long-term memory search", [])),
+            memories=found.get("long-term memory search", []),
             consolidated=found.get("MEMORY.md", ""),
-            documents=_as_documents(found.get("knowledge base retrieval", [])),
+            documents=found.get("knowledge base retrieval", []),
         )
 
     def assemble(self, question: str | HumanMessage, context: _Context) -> list[BaseMessage]:
