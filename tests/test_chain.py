@@ -28,6 +28,7 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     SystemMessage,
+    ToolMessage,
 )
 from langchain_core.runnables import RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -44,9 +45,13 @@ from langchain_tiered_memory import (
 )
 from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.core.validation import SESSION_DATE_KEY, InvalidSessionDateError
-from langchain_tiered_memory.integrations.chain import RetrievalFailedWarning, TieredChain
+from langchain_tiered_memory.integrations.chain import (
+    NOT_RUN,
+    RetrievalFailedWarning,
+    TieredChain,
+)
 from langchain_tiered_memory.integrations.finish_reason import MARK_KEY
-from langchain_tiered_memory.tiers.compression import SUMMARY_KEY
+from langchain_tiered_memory.tiers.compression import SUMMARY_KEY, validate_conversation
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .conftest import _free_port, chroma_settings
@@ -654,6 +659,28 @@ async def test_a_knowledge_retriever_that_returns_no_documents_is_a_failed_tier(
     strict = create_tiered_chain(llm, backup=backup, knowledge=knowledge, retrieval_errors="raise")
     with pytest.raises(TypeError, match="not documents"):
         strict.invoke("q3", config("s"))
+
+
+@pytest.mark.usefixtures("abackup")
+async def test_a_tool_call_of_the_answer_is_archived_with_a_not_run_result(
+    backup: MySQLBackup,
+) -> None:
+    """A model bound to tools may answer with calls, which the chain does not run: each
+    gets a stand-in result, so later prompts never carry a call without its result
+    (providers refuse them)."""
+    calls = [{"name": "lookup", "args": {"q": "x"}, "id": "call_1"}]
+    llm = model(AIMessage("", tool_calls=calls), "ok", AIMessage("", tool_calls=calls))
+    chat = create_tiered_chain(llm, backup=backup)
+    answer = chat.invoke("look x up", config("s"))
+    assert answer.tool_calls[0]["id"] == "call_1"  # the caller still gets the calls
+    chat.invoke("next question", config("s"))
+    prompt = llm.prompts[-1]
+    [result] = [m for m in prompt if isinstance(m, ToolMessage)]
+    assert (result.tool_call_id, result.content) == ("call_1", NOT_RUN)
+    validate_conversation(prompt)
+    await chat.ainvoke("again", config("s"))
+    stored = await backup.aget_messages("s")
+    assert [m.type for m in stored] == ["human", "ai", "tool", "human", "ai", "human", "ai", "tool"]
 
 
 def test_no_warning_when_every_tier_answers(backup: MySQLBackup, make_memory: MakeMemory) -> None:

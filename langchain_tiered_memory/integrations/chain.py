@@ -38,6 +38,7 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     SystemMessage,
+    ToolMessage,
 )
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 
@@ -53,6 +54,7 @@ from langchain_tiered_memory.core.steps import (
     run,
     run_stream,
 )
+from langchain_tiered_memory.core.turns import tool_calls_of
 from langchain_tiered_memory.core.validation import check_int, validate_messages
 from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
@@ -93,6 +95,23 @@ def _document_block(position: int, doc: Document) -> str:
     source = doc.metadata.get("source") or doc.metadata.get("filename")
     head = f"[{position}] {source}" if source else f"[{position}]"
     return f"{head}\n{doc.page_content.strip()}"
+
+
+#: The result archived for a tool call of the chain's answer: the chain runs no tools.
+NOT_RUN = "[not run: create_tiered_chain runs no tools; use create_agent for tools]"
+
+
+def _not_run(answer: AIMessage) -> list[ToolMessage]:
+    """A stand-in result for each tool call of ``answer`` (a model bound to tools).
+
+    Without one, every later prompt of the session would carry a call with no
+    result, which providers refuse.
+    """
+    return [
+        ToolMessage(NOT_RUN, tool_call_id=call_id, name=call.get("name") or "tool")
+        for call in tool_calls_of(answer)
+        if (call_id := call.get("id"))
+    ]
 
 
 def _as_documents(value: Any) -> list[Document]:
@@ -469,7 +488,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             answer = yield steps.invoke(self.llm, messages, config)
         # Reached only when the answer is complete: an error or an abandoned stream
         # never archives half an answer.
-        turn = [question, answer]
+        turn = [question, answer, *_not_run(answer)]
         yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         if last is not None:
             yield Emit(last)
