@@ -641,6 +641,13 @@ async def _chroma_gone(
     assert texts(archived(backup, "s"))[-2:] == ["And in async?", "reply 3"]
 
 
+def test_a_knowledge_retriever_may_return_any_iterable_of_documents(backup: MySQLBackup) -> None:
+    llm = model()
+    knowledge = RunnableLambda(lambda q: (Document(text) for text in ["AR lives in ar_invoice."]))
+    create_tiered_chain(llm, backup=backup, knowledge=knowledge).invoke("q", config("s"))
+    assert "AR lives in ar_invoice." in llm.prompts[-1][-1].text
+
+
 @pytest.mark.parametrize("result", [None, {"doc": "text"}, 7])
 @pytest.mark.usefixtures("abackup")
 async def test_a_knowledge_retriever_that_returns_no_documents_is_a_failed_tier(
@@ -669,7 +676,8 @@ async def test_a_tool_call_of_the_answer_is_archived_with_a_not_run_result(
     gets a stand-in result, so later prompts never carry a call without its result
     (providers refuse them)."""
     calls = [{"name": "lookup", "args": {"q": "x"}, "id": "call_1"}]
-    llm = model(AIMessage("", tool_calls=calls), "ok", AIMessage("", tool_calls=calls))
+    idless = [{"name": "lookup", "args": {"q": "y"}, "id": None}]
+    llm = model(AIMessage("", tool_calls=calls), "ok", AIMessage("", tool_calls=idless))
     chat = create_tiered_chain(llm, backup=backup)
     answer = chat.invoke("look x up", config("s"))
     assert answer.tool_calls[0]["id"] == "call_1"  # the caller still gets the calls
@@ -678,9 +686,11 @@ async def test_a_tool_call_of_the_answer_is_archived_with_a_not_run_result(
     [result] = [m for m in prompt if isinstance(m, ToolMessage)]
     assert (result.tool_call_id, result.content) == ("call_1", NOT_RUN)
     validate_conversation(prompt)
-    await chat.ainvoke("again", config("s"))
+    await chat.ainvoke("again", config("s"))  # a call without an id gets one
     stored = await backup.aget_messages("s")
     assert [m.type for m in stored] == ["human", "ai", "tool", "human", "ai", "human", "ai", "tool"]
+    call_id = stored[-2].tool_calls[0]["id"]
+    assert call_id and stored[-1].tool_call_id == call_id
 
 
 def test_no_warning_when_every_tier_answers(backup: MySQLBackup, make_memory: MakeMemory) -> None:

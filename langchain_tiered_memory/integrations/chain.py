@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import operator
+import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack, cast
@@ -101,17 +102,28 @@ def _document_block(position: int, doc: Document) -> str:
 NOT_RUN = "[not run: create_tiered_chain runs no tools; use create_agent for tools]"
 
 
-def _not_run(answer: AIMessage) -> list[ToolMessage]:
-    """A stand-in result for each tool call of ``answer`` (a model bound to tools).
+def _with_not_run(answer: AIMessage) -> list[AIMessage | ToolMessage]:
+    """``answer`` and a stand-in result for each of its tool calls, as archived.
 
-    Without one, every later prompt of the session would carry a call with no
-    result, which providers refuse.
+    A model bound to tools may answer with calls, which the chain does not run;
+    without a result, every later prompt of the session would carry a call that
+    providers refuse. A call without an id gets one, so its result can name it.
     """
-    return [
-        ToolMessage(NOT_RUN, tool_call_id=call_id, name=call.get("name") or "tool")
-        for call in tool_calls_of(answer)
-        if (call_id := call.get("id"))
+    calls = [
+        {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"}
+        for call in answer.tool_calls
     ]
+    invalid = [
+        {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"}
+        for call in answer.invalid_tool_calls
+    ]
+    if calls != answer.tool_calls or invalid != answer.invalid_tool_calls:
+        answer = answer.model_copy(update={"tool_calls": calls, "invalid_tool_calls": invalid})
+    results = [
+        ToolMessage(NOT_RUN, tool_call_id=call["id"], name=call.get("name") or "tool")
+        for call in tool_calls_of(answer)
+    ]
+    return [answer, *results]
 
 
 def _as_documents(value: Any) -> list[Document]:
@@ -125,8 +137,10 @@ def _as_documents(value: Any) -> list[Document]:
         return [value]
     if isinstance(value, str):
         return [Document(page_content=value)]
-    if isinstance(value, list | tuple) and all(isinstance(i, Document | str) for i in value):
-        return [i if isinstance(i, Document) else Document(page_content=i) for i in value]
+    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+        items = list(value)  # a generator is read once
+        if all(isinstance(item, Document | str) for item in items):
+            return [i if isinstance(i, Document) else Document(page_content=i) for i in items]
     msg = f"it returned {type(value).__name__}, not documents"
     raise TypeError(msg)
 
@@ -488,7 +502,7 @@ class TieredChain(Runnable[Any, AIMessage]):
             answer = yield steps.invoke(self.llm, messages, config)
         # Reached only when the answer is complete: an error or an abandoned stream
         # never archives half an answer.
-        turn = [question, answer, *_not_run(answer)]
+        turn = [question, *_with_not_run(answer)]
         yield Call(lambda: history.add_messages(turn), lambda: history.aadd_messages(turn))
         if last is not None:
             yield Emit(last)
