@@ -29,7 +29,7 @@ from langchain_core.runnables import ConfigurableFieldSpec, RunnablePassthrough
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory import MySQLBackup, SessionOwnershipError, TieredChatMessageHistory
 from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.text import embeddings as embeddings_module
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
@@ -562,7 +562,9 @@ def test_history_search_memories(make_memory: MakeMemory, backup: MySQLBackup) -
     with pytest.raises(ValueError, match="long_memory"):
         TieredChatMessageHistory("h1", backup=backup).search_memories("x")
     with pytest.raises(ValueError, match="user_id"):
-        history(backup, memory, "h1").search_memories("x", scope="user")
+        history(backup, memory, "no-user").search_memories("x", scope="user")
+    with pytest.raises(SessionOwnershipError):  # found memories go into a prompt
+        history(backup, memory, "h1").search_memories("x")
 
 
 def _chinese_fixture(

@@ -287,11 +287,17 @@ def test_a_history_of_another_user_reads_and_writes_nothing(
         # Searched directly with bob's id, the session's memories are not his.
         assert memory.search("cat", session_id="s", user_id=BOB) == []
 
-        anonymous = history(None)  # reads the archive, not as a window; writes nothing
-        with pytest.raises(SessionOwnershipError, match="belongs to a user"):
-            anonymous.messages  # noqa: B018 - a window goes into a prompt
+        anonymous = history(None)  # reads the archive, nothing a prompt is made of; writes nothing
+        for prompt_read in (
+            lambda: anonymous.messages,
+            lambda: anonymous.consolidated_memory,
+            lambda: anonymous.search_memories("cat"),
+        ):
+            with pytest.raises(SessionOwnershipError, match="belongs to a user"):
+                prompt_read()
         assert anonymous.all_messages() == alice.all_messages()
-        assert "Miso" in anonymous.consolidated_memory
+        assert "Miso" in consolidator.memory("s")  # an administrator's read
+        assert memory.search("cat", session_id="s")  # an administrator's search
         with pytest.raises(SessionOwnershipError, match="belongs to a user"):
             anonymous.add_messages(turn("anon"))
         assert stored(backup) == before

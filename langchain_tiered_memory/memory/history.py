@@ -315,11 +315,15 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
     def consolidated_memory(self) -> str:
         """The session's MEMORY.md ("" without a consolidator or before its first run).
 
+        Checked as a write, as the window: it goes into a prompt.
+
         Raises:
-            SessionOwnershipError: If the session belongs to another user.
+            SessionOwnershipError: If the session belongs to another user (or to
+                one while this history has no ``user_id``).
         """
         if self.consolidator is None:
             return ""
+        self.check_owner(write=True)
         return self.consolidator.memory(self.session_id, user_id=self.user_id)
 
     def search_memories(
@@ -344,7 +348,7 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
         if self.long_memory is None:
             msg = "search_memories needs a long_memory (ChromaLongMemory)"
             raise ValueError(msg)
-        self.check_owner()
+        self.check_owner(write=True)  # as the window: what it finds goes into a prompt
         return self.long_memory.search(
             query,
             session_id=self.session_id,
