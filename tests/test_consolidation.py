@@ -531,6 +531,15 @@ def test_a_failing_llm_archives_the_batch_raw(
         assert consolidate_jobs(backup) == []
 
 
+def assert_kept_then_raw(consolidator: MemoryConsolidator, session: str, memory: str) -> None:
+    """MEMORY.md stayed ``memory``; the second batch (messages 3-4) went to HISTORY.md raw."""
+    assert consolidator.memory(session) == memory
+    first, second = consolidator.history_entries(session)
+    assert "[RAW]" not in first and "[RAW]" in second
+    assert mark(3) in second and mark(4) in second
+    assert_consolidated(consolidator, session, messages=7, batch_count=2)
+
+
 def test_a_raw_batch_leaves_an_existing_memory_unchanged(
     backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
 ) -> None:
@@ -544,11 +553,7 @@ def test_a_raw_batch_leaves_an_existing_memory_unchanged(
     history.add_messages(chat(6, 7))
     consolidator.flush(timeout=30)
     assert memory_path.read_bytes() == before
-    assert consolidator.memory("keep") == "# good memory\n"
-    first, second = consolidator.history_entries("keep")
-    assert "[RAW]" not in first and "[RAW]" in second
-    assert mark(3) in second and mark(4) in second
-    assert_consolidated(consolidator, "keep", messages=7, batch_count=2)
+    assert_kept_then_raw(consolidator, "keep", "# good memory\n")
 
 
 @pytest.mark.parametrize(
@@ -585,11 +590,7 @@ def test_an_answer_cut_at_the_output_limit_keeps_the_memory(
     consolidator.flush(timeout=30)
     assert llm.calls.count == 3  # each cut answer is a failed attempt
     assert memory_path.read_bytes() == before
-    assert consolidator.memory("cut") == "# good memory\n- a\n- b\n"
-    first, second = consolidator.history_entries("cut")
-    assert "[RAW]" not in first and "[RAW]" in second
-    assert mark(3) in second and mark(4) in second
-    assert_consolidated(consolidator, "cut", messages=7, batch_count=2)
+    assert_kept_then_raw(consolidator, "cut", "# good memory\n- a\n- b\n")
 
 
 def test_tool_calls_reach_the_prompt_and_history_md(
