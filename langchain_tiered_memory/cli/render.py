@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from langchain_tiered_memory.core.encoding import exact_json
+from langchain_tiered_memory.core.turns import call_text
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -33,10 +34,7 @@ def message_text(message: BaseMessage) -> str:
     """A message's text, with its tool calls, or the size of a tool result."""
     content = str(message.text) if isinstance(message.text, str) else str(message.content)
     if isinstance(message, AIMessage) and message.tool_calls:
-        calls = "; ".join(
-            f"-> {call['name']}({json.dumps(call['args'], ensure_ascii=False)})"
-            for call in message.tool_calls
-        )
+        calls = "; ".join(f"-> {call_text(call)}" for call in message.tool_calls)
         content = f"{content}\n{calls}" if content else calls
     if isinstance(message, ToolMessage):
         content = f"[{message.name or 'tool'} result, {len(content):,} chars] {content}"

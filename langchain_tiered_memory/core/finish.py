@@ -93,3 +93,19 @@ def is_incomplete(message: BaseMessage) -> bool:
     if reason is not None and reason.lower() in INCOMPLETE_REASONS:
         return True
     return (message.response_metadata or {}).get("status") == "incomplete"  # OpenAI Responses
+
+
+def require_whole(answer: BaseMessage, what: str) -> None:
+    """Refuse an answer a tier would store as a whole (a memory, MEMORY.md).
+
+    Args:
+        answer: The model's answer.
+        what: What the answer is, for the error (``"the extractor's answer"``).
+
+    Raises:
+        ValueError: If :func:`is_incomplete`: a failed attempt, retried, then the
+            tier's raw fallback.
+    """
+    if is_incomplete(answer):
+        msg = f"{what} is not whole (finish reason {finish_reason(answer)!r})"
+        raise ValueError(msg)

@@ -7,6 +7,7 @@ defined here too: a tool result belongs with the call it answers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage
@@ -110,3 +111,9 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
 def tool_call_ids(message: BaseMessage) -> set[str]:
     """The ids of the tool calls ``message`` makes (:func:`tool_calls_of`) that have one."""
     return {call_id for call in tool_calls_of(message) if (call_id := call.get("id"))}
+
+
+def call_text(call: ToolCall | InvalidToolCall) -> str:
+    """A tool call as a reader sees it: ``name({"arg": ...})`` (an invalid call's raw args)."""
+    args = json.dumps(call.get("args"), ensure_ascii=False, default=str)
+    return f"{call.get('name') or 'tool'}({args})"

@@ -109,16 +109,17 @@ def _with_not_run(answer: AIMessage) -> list[AIMessage | ToolMessage]:
     without a result, every later prompt of the session would carry a call that
     providers refuse. A call without an id gets one, so its result can name it.
     """
-    calls = [
-        {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"}
-        for call in answer.tool_calls
-    ]
-    invalid = [
-        {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"}
-        for call in answer.invalid_tool_calls
-    ]
-    if calls != answer.tool_calls or invalid != answer.invalid_tool_calls:
-        answer = answer.model_copy(update={"tool_calls": calls, "invalid_tool_calls": invalid})
+    if not all(call.get("id") for call in tool_calls_of(answer)):
+        named = {
+            key: [
+                {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"} for call in calls
+            ]
+            for key, calls in (
+                ("tool_calls", answer.tool_calls),
+                ("invalid_tool_calls", answer.invalid_tool_calls),
+            )
+        }
+        answer = answer.model_copy(update=named)
     results = [
         ToolMessage(NOT_RUN, tool_call_id=call["id"], name=call.get("name") or "tool")
         for call in tool_calls_of(answer)

@@ -323,8 +323,7 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
         """
         if self.consolidator is None:
             return ""
-        self.check_owner(write=True)
-        return self.consolidator.memory(self.session_id, user_id=self.user_id)
+        return self.consolidator.memory(self.session_id, user_id=self.user_id, write=True)
 
     def search_memories(
         self,

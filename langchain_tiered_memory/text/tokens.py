@@ -15,13 +15,15 @@ import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import imagesize
 from langchain_core.messages import BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_tiered_memory.core.turns import tool_calls_of
+
+T = TypeVar("T")
 
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
@@ -42,18 +44,8 @@ IMAGE_HEADER_CHARS = 128 * 1024
 MAX_IMAGE_SIDE = 2**31 - 1
 #: Content blocks of media (LangChain's standard blocks, OpenAI's Chat Completions
 #: and Responses, Anthropic's).
-MEDIA_BLOCKS = frozenset(
-    {
-        "image",
-        "image_url",
-        "input_image",
-        "audio",
-        "input_audio",
-        "video",
-        "file",
-        "input_file",
-        "document",
-    }
+MEDIA_BLOCKS = IMAGE_BLOCKS | frozenset(
+    {"audio", "input_audio", "video", "file", "input_file", "document"}
 )
 # Blocks that repeat a tool call (Anthropic's ``tool_use``): counted once, from the
 # message's tool calls.
@@ -90,22 +82,32 @@ def _count(text: str) -> float:
     return cjk * CJK_WEIGHT + pieces
 
 
+_MISSING = object()
 _cache: OrderedDict[tuple[int, int], int] = OrderedDict()
+_sizes: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
+
+
+def _cached(cache: OrderedDict[tuple[int, int], T], text: str, compute: Callable[[str], T]) -> T:
+    """``compute(text)``, kept in ``cache`` by (hash, length).
+
+    The oldest entry goes past :data:`CACHE_SIZE`. A str caches its own hash, so a
+    hit is O(1), and the cache holds no reference to the text.
+    """
+    key = (hash(text), len(text))
+    value = cache.get(key, _MISSING)  # one lookup: another thread may evict meanwhile
+    if value is not _MISSING:
+        return cast("T", value)
+    value = cache[key] = compute(text)
+    if len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
 
 
 def _text_tokens(text: str) -> int:
-    # Long texts (tool outputs) are re-estimated on every turn: cache their counts
-    # by (hash, length). A str caches its own hash, so a hit is O(1), and the cache
-    # holds no reference to the text.
+    # Long texts (tool outputs) are re-estimated on every turn: their counts are kept.
     if len(text) <= CACHE_ABOVE:
         return _estimate(text)
-    key = (hash(text), len(text))
-    tokens = _cache.get(key)
-    if tokens is None:
-        tokens = _cache[key] = _estimate(text)
-        if len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return tokens
+    return _cached(_cache, text, _estimate)
 
 
 def _estimate(text: str) -> int:
@@ -137,8 +139,8 @@ def _block_text(block: dict[str, Any]) -> str:
     return json.dumps(block, ensure_ascii=False, default=str)
 
 
-def _image_head(block: dict[str, Any]) -> tuple[str, int] | None:
-    """The start of an image block's base64 data and its length, whatever the shape.
+def _image_head(block: dict[str, Any]) -> str | None:
+    """The start of an image block's base64 data, whatever the block's shape.
 
     Only the start (:data:`IMAGE_HEADER_CHARS`) is copied: the block is counted
     again at every turn, and its data may be megabytes.
@@ -162,7 +164,7 @@ def _image_head(block: dict[str, Any]) -> tuple[str, int] | None:
                 data, start = url, comma + 1
     if not isinstance(data, str):
         return None
-    return data[start : start + IMAGE_HEADER_CHARS], len(data) - start
+    return data[start : start + IMAGE_HEADER_CHARS]
 
 
 def _image_size(head: str) -> tuple[int, int] | None:
@@ -192,17 +194,10 @@ def image_tokens(block: dict[str, Any]) -> int:
     size cannot be read. OpenAI's ``detail: "low"`` is not taken at its word:
     other providers' integrations drop it and charge the whole image.
     """
-    found = _image_head(block)
-    if found is None:
+    head = _image_head(block)
+    if head is None:
         return TOKENS_PER_UNSIZED_IMAGE
-    head, length = found
-    key = (hash(head), length)  # the same image is counted again at every turn
-    if key in _sizes:
-        size = _sizes.get(key)
-    else:
-        size = _sizes[key] = _image_size(head)
-        if len(_sizes) > CACHE_SIZE:
-            _sizes.popitem(last=False)
+    size = _cached(_sizes, head, _image_size)  # counted again at every turn: kept
     if size is None:
         return TOKENS_PER_UNSIZED_IMAGE
     width, height = size
@@ -211,9 +206,6 @@ def image_tokens(block: dict[str, Any]) -> int:
     tiles = math.ceil(width * fit / 512) * math.ceil(height * fit / 512)
     shrink = min(1.0, 1568 / max(width, height), math.sqrt(1_150_000 / (width * height)))
     return max(170 * tiles + 85, math.ceil(width * height * shrink * shrink / 750))
-
-
-_sizes: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
 
 
 def _message_parts(message: BaseMessage) -> tuple[str, int]:

@@ -30,7 +30,6 @@ database the same documents live in ``<name>_consolidation`` and
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -44,10 +43,10 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
-from langchain_tiered_memory.core.finish import finish_reason, is_incomplete
+from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import role_of, tool_calls_of
+from langchain_tiered_memory.core.turns import call_text, role_of, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     check_int,
     check_seconds,
@@ -270,23 +269,26 @@ class MemoryConsolidator(QueueWorker):
         """The session's folder under ``root`` (a safe name, never outside it)."""
         return self.root / safe_filename(validate_id(session_id))
 
-    def memory(self, session_id: str, *, user_id: str | None = None) -> str:
+    def memory(self, session_id: str, *, user_id: str | None = None, write: bool = False) -> str:
         """The session's MEMORY.md (from the database; empty before the first run).
 
         Args:
             session_id: The session.
             user_id: The reading user; ``None`` reads without a check.
+            write: Check ``user_id`` as for a write (``None`` then reads only a
+                session without a user): for MEMORY.md that goes into a prompt.
 
         Raises:
             SessionOwnershipError: If ``user_id`` is given and the session is not
-                theirs.
+                theirs (with ``write``, also if it has a user while ``user_id`` is
+                ``None``).
         """
         c = self.tables.consolidation.c
         session_id = validate_id(session_id)
         user_id = validate_optional_id(user_id)
 
         def plan() -> Plan[str]:
-            yield from self.backup.owner_check_plan(session_id, user_id)
+            yield from self.backup.owner_check_plan(session_id, user_id, write)
             result = yield select(c.memory_md).where(c.session_id == session_id)
             return result.scalar() or ""
 
@@ -335,11 +337,7 @@ class MemoryConsolidator(QueueWorker):
             raw: str = message.text if isinstance(message.text, str) else str(message.content)
             # What the AI ran (the SQL, the document it asked for) is often all the
             # message says: without it the line was empty.
-            calls = [
-                f"→ {call.get('name') or 'tool'}"
-                f"({json.dumps(call.get('args'), ensure_ascii=False, default=str)})"
-                for call in tool_calls_of(message)
-            ]
+            calls = [f"→ {call_text(call)}" for call in tool_calls_of(message)]
             raw = " ".join([raw, *calls]) if calls else raw
             text = _SURROGATE.sub("\ufffd", " ".join(raw.split()))
             if len(text) > MESSAGE_CHARS:
@@ -393,13 +391,8 @@ class MemoryConsolidator(QueueWorker):
             answer = call_with_timeout(
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )
-            if is_incomplete(answer):
-                # It rewrites the whole document: a cut one drops what followed the cut.
-                msg = (
-                    f"the LLM's answer is not whole (finish reason "
-                    f"{finish_reason(answer)!r}); MEMORY.md is kept as it was"
-                )
-                raise ValueError(msg)
+            # It rewrites the whole document: a cut one drops what followed the cut.
+            require_whole(answer, "the LLM's answer (MEMORY.md is kept as it was)")
             text = answer.text if isinstance(answer.text, str) else str(answer.content)
             if len(text) > MEMORY_MD_CHARS:  # checked before any scan of the text
                 msg = f"the LLM returned {len(text)} characters, more than {MEMORY_MD_CHARS}"

@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from langchain_tiered_memory.core.finish import finish_reason, is_incomplete
+from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
@@ -118,9 +118,8 @@ def parse_extraction(answer: BaseMessage | str) -> str | None:
             says so; half a fact would be stored as a whole one). Such an answer
             counts as a failed attempt, so it is retried and finally stored raw.
     """
-    if isinstance(answer, BaseMessage) and is_incomplete(answer):
-        msg = f"the extractor's answer is not whole (finish reason {finish_reason(answer)!r})"
-        raise ValueError(msg)
+    if isinstance(answer, BaseMessage):
+        require_whole(answer, "the extractor's answer")
     text = answer if isinstance(answer, str) else answer.content
     if not isinstance(text, str):
         text = answer.text if isinstance(answer, BaseMessage) else ""
