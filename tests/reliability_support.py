@@ -172,9 +172,26 @@ class PrivateMariaDB:
         self._end(signal.SIGKILL, 30)
 
     def freeze(self) -> None:
-        """SIGSTOP: the port still accepts connections, nothing answers."""
+        """SIGSTOP: the port still accepts connections, nothing answers.
+
+        Returns once every thread of the server is stopped. The stop is taken up by
+        one thread first; if that one is in an uninterruptible disk wait (an fsync
+        on a loaded machine), the others go on answering until it comes back (a
+        CI run's write went through the "frozen" server that way).
+        """
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+        _wait(self._all_stopped, 60, "every thread of the frozen MariaDB to stop")
+
+    def _all_stopped(self) -> bool:
+        """Whether every thread of the server is in the stopped state (``T``)."""
+        assert self.process is not None
+        states = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended
+                stat = (task / "stat").read_text()
+                states.append(stat.rsplit(")", 1)[1].split()[0])
+        return bool(states) and all(state in "tT" for state in states)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
