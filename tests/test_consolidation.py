@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from sqlalchemy import select
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.prompts import PROMPTS, prompts_for
 from langchain_tiered_memory.core.validation import safe_filename
+from langchain_tiered_memory.text.tokens import estimate_tokens, prompt_budget
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
 from .fakes import HOSTILE
@@ -640,6 +642,119 @@ def test_an_llm_that_recovers_before_the_last_attempt_writes_memory(
         assert "[RAW]" not in entry
         assert log_rows(backup, session)[0].raw == 0
         assert_consolidated(consolidator, session, messages=5, batch_count=1)
+
+
+# -- 3b. every prompt fits the model's window ---------------------------------------------
+
+
+def long_chat(first: int, last: int, lang: str) -> list[BaseMessage]:
+    """Like :func:`chat`, each message padded to about 1,900 characters (one line each)."""
+    filler = "应收账款对账说明" if lang == "zh" else "reconcile the receivables ledger "
+    padding = filler * (1900 // len(filler))
+    return [type(m)(f"{m.content} {padding}") for m in chat(first, last, lang=lang)]
+
+
+def assert_batches_contiguous(consolidator: MemoryConsolidator, session: str) -> list[int]:
+    """Each consolidated message in exactly one entry, in order; the sizes of the batches."""
+    ids = message_ids(consolidator.backup, session)
+    spans = ranges(consolidator.history_entries(session))
+    covered = [i for first, last in spans for i in ids if first <= i <= last]
+    assert covered == ids[: len(covered)]  # from the first message, no gap, no overlap
+    assert len(ids) - len(covered) <= consolidator.threshold  # caught up
+    assert cursor_of(consolidator.backup, session) == covered[-1]
+    return [sum(first <= i <= last for i in ids) for first, last in spans]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("source", ["argument", "profile"])
+def test_every_prompt_fits_its_budget_and_every_message_is_consolidated_once(
+    backup: MySQLBackup,
+    make_consolidator: Callable[..., MemoryConsolidator],
+    lang: str,
+    source: str,
+) -> None:
+    # 250 messages of ~1,900 characters: the default batch of 50 would be a prompt of
+    # ~15k tokens in English and ~120k in Chinese, past many models' windows.
+    if source == "argument":
+        llm, budget = FakeLLM(), 8_000
+        consolidator = make_consolidator(llm, max_prompt_tokens=budget)
+    else:  # the model declares its window (langchain-core model profiles)
+        llm, budget = FakeLLM(profile={"max_input_tokens": 10_000}), 8_500
+        consolidator = make_consolidator(llm)
+    assert consolidator.max_prompt_tokens == budget
+    session = f"fit-{lang}-{source}"
+    history = TieredChatMessageHistory(session, backup=backup, consolidator=consolidator)
+    history.add_messages(long_chat(1, 250, lang))
+    consolidator.flush(timeout=120)
+    assert consolidate_jobs(backup) == []
+    sizes = assert_batches_contiguous(consolidator, session)
+    assert sum(sizes) >= 150 and max(sizes) < consolidator.batch  # smaller batches, more of them
+    entries = consolidator.history_entries(session)
+    assert len(llm.calls.prompts) == len(entries)  # one LLM call per batch, none failed
+    first = 1
+    for prompt, entry, size in zip(llm.calls.prompts, entries, sizes, strict=True):
+        assert estimate_tokens(prompt) <= budget
+        assert "[RAW]" not in entry.splitlines()[1]
+        for n in range(first, first + size):  # the LLM saw every message it consolidated
+            assert mark(n, lang) in prompt and mark(n, lang) in entry
+        first += size
+    assert consolidator.memory(session) == f"# Memory v{len(entries)}\n"
+
+
+def test_a_batch_the_llm_keeps_failing_is_archived_raw_as_it_was_tried(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    llm = FakeLLM(fail_always=True)
+    consolidator = make_consolidator(llm, max_prompt_tokens=4_000)
+    history = TieredChatMessageHistory("fit-raw", backup=backup, consolidator=consolidator)
+    history.add_messages(long_chat(1, 101, "en"))
+    consolidator.flush(timeout=30)  # three attempts, then the raw archive
+    assert llm.calls.count == 3
+    [entry] = consolidator.history_entries("fit-raw")
+    assert "[RAW]" in entry.splitlines()[1]
+    tried = {n for n in range(1, 102) if mark(n) in llm.calls.prompts[0]}
+    assert all(prompt == llm.calls.prompts[0] for prompt in llm.calls.prompts)
+    assert {n for n in range(1, 102) if mark(n) in entry} == tried == set(range(1, len(tried) + 1))
+    assert len(tried) < consolidator.batch
+
+
+def test_a_memory_md_past_the_budget_still_moves_one_message_at_a_time(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    # MEMORY.md alone is past the budget: every batch still takes its oldest message,
+    # so consolidation never stalls (the model may refuse it: then that message goes raw).
+    llm = FakeLLM(answer="# Memory\n" + "fact " * 3_000)
+    consolidator = make_consolidator(llm, max_prompt_tokens=1_000, threshold=4, batch=4)
+    history = TieredChatMessageHistory("fit-floor", backup=backup, consolidator=consolidator)
+    history.add_messages(chat(1, 12))
+    consolidator.flush(timeout=60)
+    sizes = assert_batches_contiguous(consolidator, "fit-floor")
+    assert sizes[0] == 4  # the first prompt has no MEMORY.md yet
+    assert sizes[1:] == [1, 1, 1, 1]  # down to the threshold: 12 - 4 - 4 = 4 left
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(999, ValueError), (0, ValueError), ("8000", TypeError), (True, TypeError)]
+)
+def test_a_bad_prompt_budget_is_refused(value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match="max_prompt_tokens"):
+        MemoryConsolidator(FakeLLM(), max_prompt_tokens=value, start_worker=False)
+
+
+@pytest.mark.parametrize(
+    ("profile", "budget"),
+    [
+        (None, 32_000),
+        ({}, 32_000),
+        ({"max_input_tokens": "big"}, 32_000),
+        ({"max_input_tokens": True}, 32_000),
+        ({"max_input_tokens": -5}, 1_000),
+        ({"max_input_tokens": 200_000}, 170_000),  # less 15 % for the estimate's error
+    ],
+)
+def test_the_budget_follows_what_the_model_profile_declares(profile: Any, budget: int) -> None:
+    assert prompt_budget(SimpleNamespace(profile=profile), None) == budget
+    assert prompt_budget(SimpleNamespace(profile=profile), 5_000) == 5_000  # the caller's wins
 
 
 # -- 4. crashes ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from langchain_tiered_memory import MySQLBackup, SessionOwnershipError, TieredCh
 from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.text import embeddings as embeddings_module
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+from langchain_tiered_memory.text.tokens import estimate_tokens
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
 from .fakes import HashEmbeddings, RecordingChatModel, replies
@@ -341,6 +342,49 @@ def test_extractor_summary_is_stored_with_the_v3_prompt(
     assert rows["zh"].text == "Summary: 应收账款表怎么建？"
     assert {row.kind for row in rows.values()} == {"extracted"}
     assert sources(rows["zh"]) == archive_ids(backup, "zh")
+
+
+@pytest.mark.parametrize(
+    ("question", "filler", "answer", "heading"),
+    [
+        ("How big is the ledger export?", "ledger line 42 ok; ", "It has 3 sections.", "Existing"),
+        ("账本导出有多大？", "第四十二行账目无误；", "一共三个部分。", "已有的记忆"),
+    ],
+)
+@pytest.mark.parametrize("source", ["argument", "profile"])
+def test_a_turn_past_the_prompt_budget_reaches_the_extractor_cut_in_the_middle(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    question: str,
+    filler: str,
+    answer: str,
+    heading: str,
+    source: str,
+) -> None:
+    # A document pasted into the question: ~400k characters, past any model's window.
+    pasted = filler * 20_000
+    if source == "argument":
+        extractor, budget = FakeExtractor(), 4_000
+        memory = make_memory(extractor=extractor, max_prompt_tokens=budget)
+    else:  # the model declares its window (langchain-core model profiles)
+        extractor, budget = FakeExtractor(profile={"max_input_tokens": 5_000}), 4_250
+        memory = make_memory(extractor=extractor)
+    chat = history(backup, memory, "pasted", "u")
+    say(chat, f"{question}\n{pasted}", answer)
+    assert memory.run_pending() == 1
+    say(chat, f"{question} Again.\n{pasted}", answer)  # offered the first for UPDATE
+    assert memory.run_pending() == 1
+    first, second = extractor.recorder.prompts
+    assert heading not in first and heading in second
+    for prompt in (first, second):
+        assert estimate_tokens(prompt) <= budget
+        # The question opens the turn and the answer ends it: both reach the model.
+        assert question in prompt and f"AI: {answer}" in prompt and " … " in prompt
+    rows = catalog(backup, "pasted")
+    assert [row.kind for row in rows] == ["extracted", "extracted"]
+    assert rows[0].text == f"Summary: {question}"
+    stored = [m.content for m in backup.get_messages("pasted")]
+    assert stored[0] == f"{question}\n{pasted}"  # the archive keeps the whole turn
 
 
 def test_custom_prompts_reach_the_extractor(make_memory: MakeMemory, backup: MySQLBackup) -> None:

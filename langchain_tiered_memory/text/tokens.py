@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
 import imagesize
@@ -22,6 +22,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_tiered_memory.core.turns import tool_calls_of
+from langchain_tiered_memory.core.validation import check_int
 
 T = TypeVar("T")
 
@@ -309,3 +310,54 @@ def resolve_token_counter(
         return lambda messages: sum(per_message(m) for m in messages)
     per_list = cast(Callable[[list[BaseMessage]], int], token_counter)
     return lambda messages: per_list(list(messages))
+
+
+#: Tokens an extraction or consolidation prompt may take when neither the caller nor
+#: the model's profile says: fits every current chat model's context window.
+DEFAULT_PROMPT_TOKENS = 32_000
+#: The smallest budget accepted: the prompts' own instructions take a few hundred.
+MIN_PROMPT_TOKENS = 1_000
+#: Share of a model's declared input limit a prompt takes: room for the estimate's
+#: error against the model's own tokenizer (within 15 %, ``bench_tokens``).
+PROFILE_SHARE = 0.85
+
+
+def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
+    """How many tokens a prompt to ``model`` may take.
+
+    Args:
+        model: The chat model (or runnable) the prompt is for.
+        max_prompt_tokens: The caller's budget; ``None`` takes the
+            ``max_input_tokens`` of the model's ``profile`` (langchain-core's model
+            profiles) when it declares one, less the estimate's error
+            (:data:`PROFILE_SHARE`), else :data:`DEFAULT_PROMPT_TOKENS`.
+
+    Raises:
+        TypeError: If ``max_prompt_tokens`` is not an int.
+        ValueError: If it is below :data:`MIN_PROMPT_TOKENS`.
+    """
+    if max_prompt_tokens is not None:
+        return check_int("max_prompt_tokens", max_prompt_tokens, MIN_PROMPT_TOKENS)
+    profile = getattr(model, "profile", None)
+    limit = profile.get("max_input_tokens") if isinstance(profile, Mapping) else None
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return max(int(limit * PROFILE_SHARE), MIN_PROMPT_TOKENS)
+    return DEFAULT_PROMPT_TOKENS
+
+
+def cut_to_tokens(text: str, max_tokens: int) -> str:
+    """``text`` if it fits ``max_tokens``, else its start and its end joined by ``…``.
+
+    Both ends are kept: a turn opens with the question and ends with the answer.
+    """
+    total = _text_tokens(text)
+    if total <= max_tokens:
+        return text
+    keep = int(len(text) * max_tokens / total)
+    while keep > 0:
+        half = keep // 2
+        cut = f"{text[:half]} … {text[len(text) - half :]}" if half else "…"
+        if _text_tokens(cut) <= max_tokens:
+            return cut
+        keep = int(keep * 0.9)
+    return "…"

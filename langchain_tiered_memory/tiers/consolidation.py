@@ -74,6 +74,7 @@ from langchain_tiered_memory.storage.jobs import (
 )
 from langchain_tiered_memory.storage.session_files import atomic_write
 from langchain_tiered_memory.text.lexical import cjk_share
+from langchain_tiered_memory.text.tokens import estimate_tokens, prompt_budget
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,12 @@ class MemoryConsolidator(QueueWorker):
         backup: The archive (and job queue); ``None`` means the embedded default.
         threshold: Consolidate when more than this many messages are past the
             cursor.
-        batch: How many of the oldest messages one consolidation takes.
+        batch: How many of the oldest messages one consolidation takes at most.
+        max_prompt_tokens: Tokens one consolidation prompt (MEMORY.md and the
+            batch) may take; ``None`` takes the model's
+            ``profile["max_input_tokens"]`` when it declares one, else 32,000. A
+            batch that would not fit takes fewer messages (at least one); the rest
+            go to the next batch.
         max_attempts: LLM attempts before the batch is archived raw.
         timeout: Seconds one LLM call may take.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
@@ -195,6 +201,7 @@ class MemoryConsolidator(QueueWorker):
         backup: MySQLBackup | None = None,
         threshold: int = 100,
         batch: int = 50,
+        max_prompt_tokens: int | None = None,
         max_attempts: int = 3,
         timeout: float = 120.0,
         retry_base_delay: float = 1.0,
@@ -223,6 +230,7 @@ class MemoryConsolidator(QueueWorker):
         self.backup = backup
         self.threshold = threshold
         self.batch = batch
+        self.max_prompt_tokens = prompt_budget(llm, max_prompt_tokens)
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.retry_base_delay = retry_base_delay
@@ -330,7 +338,8 @@ class MemoryConsolidator(QueueWorker):
         messages = yield from self.backup.load_plan(rows)
         return cursor, memory, rows, messages
 
-    def _format(self, messages: Sequence[BaseMessage], prompts: Prompts) -> str:
+    def _lines(self, messages: Sequence[BaseMessage], prompts: Prompts) -> list[str]:
+        """One ``Speaker: text`` line per message, as the prompt and HISTORY.md show it."""
         labels = prompts.consolidation_roles
         lines = []
         for message in messages:
@@ -343,7 +352,20 @@ class MemoryConsolidator(QueueWorker):
             if len(text) > MESSAGE_CHARS:
                 text = text[:MESSAGE_CHARS] + "…"
             lines.append(f"{labels.get(role_of(message), role_of(message))}: {text}")
-        return "\n".join(lines)
+        return lines
+
+    def _fitting(self, prompts: Prompts, memory: str, lines: Sequence[str]) -> int:
+        """How many of the oldest ``lines`` fit the prompt's budget with ``memory`` (>= 1)."""
+        room = self.max_prompt_tokens - estimate_tokens(
+            prompts.consolidation.format(memory=memory or "-", conversation="")
+        )
+        taken = 0
+        for line in lines:
+            room -= estimate_tokens(line) + 1  # the line break
+            if room < 0:
+                break
+            taken += 1
+        return max(taken, 1)
 
     def _process(self, jobs: Sequence[Job]) -> int:
         finished = 0
@@ -382,9 +404,13 @@ class MemoryConsolidator(QueueWorker):
         if not rows:
             return self._write_and_commit(job, cursor, None)
         prompts = self.prompts or prompts_for(
-            self.language or ("zh" if cjk_share(self._format(messages[:10], EN)) > 0.2 else "en")
+            self.language
+            or ("zh" if cjk_share("\n".join(self._lines(messages[:10], EN))) > 0.2 else "en")
         )
-        conversation = self._format(messages, prompts)
+        lines = self._lines(messages, prompts)
+        # The same batch for every attempt: the raw archive takes the one that failed.
+        taken = self._fitting(prompts, memory, lines)
+        rows, conversation = rows[:taken], "\n".join(lines[:taken])
         raw = job.attempts >= self.max_attempts
         if not raw:
             prompt = prompts.consolidation.format(memory=memory or "-", conversation=conversation)

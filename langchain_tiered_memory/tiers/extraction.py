@@ -15,6 +15,7 @@ from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
+from langchain_tiered_memory.text.tokens import cut_to_tokens, estimate_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -65,27 +66,37 @@ def format_turn(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
     return "\n".join(lines)
 
 
-def extraction_prompt(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
-    """The v3 extraction prompt (``prompts.extraction``) for a turn."""
-    return prompts.extraction.format(conversation=format_turn(messages, prompts))
-
-
-def update_prompt(
-    messages: Sequence[BaseMessage], prompts: Prompts, memories: Sequence[tuple[str, str]]
+def extraction_prompt(
+    messages: Sequence[BaseMessage],
+    prompts: Prompts,
+    memories: Sequence[tuple[str, str]] = (),
+    max_tokens: int | None = None,
 ) -> str:
-    """The extraction prompt that offers the scope's nearest memories for ``UPDATE``.
+    """The v3 extraction prompt for a turn.
 
     Args:
         messages: The turn.
-        prompts: Its prompts (``prompts.extraction_update`` is used).
-        memories: ``(id, text)`` of the memories the model may update.
+        prompts: Its prompts: ``prompts.extraction``, or with ``memories``
+            ``prompts.extraction_update``, which offers them for ``UPDATE``.
+        memories: ``(id, text)`` of the scope's memories the model may update.
+        max_tokens: The prompt's budget (estimated tokens). A turn too long for it
+            is cut in the middle, its start and end kept; the archive keeps it whole.
     """
-    listed = "\n".join(
-        f"[{memory_id}] {' '.join(text.split())[:NEIGHBOUR_CHARS]}" for memory_id, text in memories
-    )
-    return prompts.extraction_update.format(
-        memories=listed, conversation=format_turn(messages, prompts)
-    )
+    fields: dict[str, str] = {}
+    template = prompts.extraction
+    if memories:
+        template = prompts.extraction_update
+        fields["memories"] = "\n".join(
+            f"[{memory_id}] {' '.join(text.split())[:NEIGHBOUR_CHARS]}"
+            for memory_id, text in memories
+        )
+    conversation = format_turn(messages, prompts)
+    if max_tokens is not None:
+        instructions = estimate_tokens(template.format(conversation="", **fields))
+        # The turn keeps at least a quarter of the budget, however many memories are offered.
+        room = max(max_tokens - instructions, max_tokens // 4)
+        conversation = cut_to_tokens(conversation, room)
+    return template.format(conversation=conversation, **fields)
 
 
 def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:

@@ -125,6 +125,10 @@ class ChromaLongMemory(ExtractionWorker):
             turns), or the same words and values (extracted summaries).
         max_attempts: Extractor attempts before the raw turn is stored instead.
         extract_timeout: Seconds one extractor call may take.
+        max_prompt_tokens: Tokens one extraction prompt may take; ``None`` takes
+            the extractor's ``profile["max_input_tokens"]`` when it declares one,
+            else 32,000. A longer turn is cut in the middle for the extractor
+            (its start and end kept); the archive keeps it whole.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
         poll_interval: Seconds between queue polls when idle (other processes'
             jobs); this process's own jobs wake the worker at once.
@@ -184,6 +188,7 @@ class ChromaLongMemory(ExtractionWorker):
         dedupe_threshold: float | None = None,
         max_attempts: int = 3,
         extract_timeout: float = 60.0,
+        max_prompt_tokens: int | None = None,
         retry_base_delay: float = 1.0,
         poll_interval: float = 1.0,
         batch_size: int | None = None,
@@ -251,6 +256,7 @@ class ChromaLongMemory(ExtractionWorker):
             prompts=prompts,
             max_attempts=max_attempts,
             extract_timeout=extract_timeout,
+            max_prompt_tokens=max_prompt_tokens,
             retry_base_delay=retry_base_delay,
             idle_seconds=idle_seconds,
             queue=JobQueue(backup, kinds=("extract",), lease_seconds=lease_seconds),

@@ -43,13 +43,13 @@ from langchain_tiered_memory.storage.jobs import (
     call_with_timeout,
 )
 from langchain_tiered_memory.text.embeddings import model_name
+from langchain_tiered_memory.text.tokens import prompt_budget
 from langchain_tiered_memory.tiers.extraction import (
     extraction_prompt,
     format_turn,
     parse_extraction,
     parse_update,
     turn_prompts,
-    update_prompt,
 )
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
@@ -274,6 +274,8 @@ class ExtractionWorker(QueueWorker):
             ``None`` picks them by ``language``.
         max_attempts: Extractor attempts before the raw turn is stored instead.
         extract_timeout: Seconds one extractor call may take.
+        max_prompt_tokens: The extraction prompt's budget (see
+            :func:`~langchain_tiered_memory.text.tokens.prompt_budget`).
         retry_base_delay: First backoff delay in seconds.
         idle_seconds: How long a turn without an answer waits before extraction.
         queue: The job queue of ``extract`` jobs.
@@ -299,6 +301,7 @@ class ExtractionWorker(QueueWorker):
         extract_timeout: float,
         retry_base_delay: float,
         idle_seconds: float,
+        max_prompt_tokens: int | None = None,
         queue: JobQueue,
         poll_interval: float,
         batch_size: int,
@@ -314,6 +317,7 @@ class ExtractionWorker(QueueWorker):
         self.prompts = prompts
         self.max_attempts = max_attempts
         self.extract_timeout = extract_timeout
+        self.max_prompt_tokens = prompt_budget(extractor, max_prompt_tokens)
         self.retry_base_delay = retry_base_delay
         self.idle_seconds = idle_seconds
         super().__init__(
@@ -356,10 +360,7 @@ class ExtractionWorker(QueueWorker):
             raw = format_turn(turn, prompts)
             return (storable(raw) if raw else None), "raw", None
         offered = self.nearest(job, format_turn(turn, prompts), own_id)
-        if offered:
-            prompt = update_prompt(turn, prompts, offered)
-        else:
-            prompt = extraction_prompt(turn, prompts)
+        prompt = extraction_prompt(turn, prompts, offered, self.max_prompt_tokens)
         extractor = self.extractor
         answer = call_with_timeout(lambda: extractor.invoke(prompt), self.extract_timeout)
         text = parse_extraction(answer)
