@@ -86,6 +86,26 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("用户：我的电话号码是13800138000", "phone"),
         ("User: The IBAN team says our IBAN is GB33 BUKB 2020 1555 5555 55.", "iban"),
         ("User: Our address changed to 5 Mill Lane.", "address"),
+        # Other wordings of the same subjects: a verb for the price, the old value
+        # before the new, a Latin name inside Chinese, a decimal point mid-sentence.
+        ("User: M8 bolts now cost 0.15 EUR each.", "price:m8 bolt"),
+        ("User: The unit cost of M8 bolts is 0.12 EUR.", "price:m8 bolt"),
+        ("User: Payment terms changed from net 30 to net 60.", "payment terms"),
+        ("用户：新的IBAN是GB33 BUKB 2020 1555 5555 55", "iban"),
+        ("用户：付款条件从月结30天改为月结60天", "payment terms"),
+        ("用户：M8螺丝的单价从0.12元调整为0.15元", "price:m8螺丝"),
+        ("用户：M8螺丝涨价到0.15元", "price:m8螺丝"),
+        ("User: Our credit limit is now 50,000 EUR.", "credit limit"),
+        ("用户：信用额度调整为50万元", "credit limit"),
+        ("User: The SWIFT code is DEUTDEFF500.", "swift"),
+        ("用户：我们的SWIFT码是BKCHCNBJ110", "swift"),
+        # A price of nothing named, a cost that is no price, no value after the link.
+        ("User: It costs 20 EUR.", None),
+        ("User: The total cost is 300 EUR.", None),
+        ("User: It will cost us 3 days.", None),
+        ("User: How much do the M8 bolts cost now? 3 boxes?", None),
+        ("用户：我把地址从3个地方汇总了一下", None),
+        ("User: I read the swiftly written memo 3 times.", None),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -114,6 +134,21 @@ CASES = {
         "我们公司的收货地址是北京市朝阳区建国路88号，所有订单都寄到这里。",
         "收货地址改为上海市浦东新区世纪大道100号。",
         "所有订单寄到我们公司的收货地址是哪里？",
+    ),
+    "en-cost": (
+        "Please note: M8 bolts cost 0.12 EUR per piece for all orders this quarter.",
+        "Update from the supplier: M8 bolts now cost 0.15 EUR.",
+        "How much do M8 bolts cost per piece for orders this quarter?",
+    ),
+    "zh-terms": (
+        "和ACME的付款条件是月结30天，所有采购订单都按这个结算。",
+        "付款条件从月结30天改为月结60天。",
+        "ACME所有采购订单的付款条件是什么？",
+    ),
+    "zh-iban": (
+        "供应商发票请付到我们的IBAN：DE89 3704 0044 0532 0130 00，一直有效。",
+        "我们换了银行，新的IBAN是GB33 BUKB 2020 1555 5555 55。",
+        "供应商发票付到我们的哪个IBAN？",
     ),
 }
 
