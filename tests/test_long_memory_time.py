@@ -65,6 +65,12 @@ def history(backup: MySQLBackup, memory: ChromaLongMemory, session_id: str, user
         ("1:56 pm on 8 May, 2023", datetime(2023, 5, 8, 13, 56)),  # LoCoMo's form
         ("12:05 am on 1 January, 2024", datetime(2024, 1, 1, 0, 5)),
         ("8 May 2023", datetime(2023, 5, 8)),
+        ("May 8, 2023", datetime(2023, 5, 8)),
+        ("1:56 pm on May 8, 2023", datetime(2023, 5, 8, 13, 56)),
+        ("2023年5月8日", datetime(2023, 5, 8)),  # the year first, as Chinese writes it
+        ("2023年5月8日 13:56", datetime(2023, 5, 8, 13, 56)),
+        ("2023/05/08", datetime(2023, 5, 8)),
+        ("2023-5-8", datetime(2023, 5, 8)),
     ],
 )
 def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: datetime) -> None:
@@ -72,7 +78,18 @@ def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: dat
 
 
 @pytest.mark.parametrize(
-    "bad", ["yesterday", "2023-13-01", "31 February, 2023", "13:00 pm on 8 May, 2023", 20230508]
+    "bad",
+    [
+        "yesterday",
+        "2023-13-01",
+        "31 February, 2023",
+        "13:00 pm on 8 May, 2023",
+        20230508,
+        "08.05.2023",  # 8 May or 5 August: refused, not guessed
+        "2023年2月31日",
+        "2023/5/8 25:00",
+        "May 2023",
+    ],
 )
 def test_a_bad_session_date_is_a_typed_error_naming_it(bad: Any) -> None:
     with pytest.raises(InvalidSessionDateError, match=str(bad)):

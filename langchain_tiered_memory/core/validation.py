@@ -154,10 +154,16 @@ _MONTHS = {
     )
     for name in names
 }
-# LoCoMo's session dates: "1:56 pm on 8 May, 2023".
+# LoCoMo's session dates, "1:56 pm on 8 May, 2023", and the month first: "May 8, 2023".
 _SPOKEN_DATE = re.compile(
-    r"^\s*(?:(\d{1,2}):(\d{2})\s*([ap]\.?m\.?)\s+on\s+)?(\d{1,2})\s+([a-z]+)\.?,?\s+(\d{4})\s*$",
+    r"^\s*(?:(\d{1,2}):(\d{2})\s*([ap]\.?m\.?)\s+on\s+)?"
+    r"(?:(\d{1,2})\s+([a-z]+)\.?|([a-z]+)\.?\s+(\d{1,2})),?\s+(\d{4})\s*$",
     re.IGNORECASE,
+)
+# The year first, as Chinese and most of Asia write it: "2023年5月8日", "2023/5/8 13:56".
+_YEAR_FIRST = re.compile(
+    r"^\s*(\d{4})\s*[-/.年]\s*(\d{1,2})\s*[-/.月]\s*(\d{1,2})\s*[日号]?"
+    r"(?:[\sT]*(\d{1,2})\s*[:：时]\s*(\d{2})\s*分?)?\s*$"
 )
 
 
@@ -206,7 +212,9 @@ def parse_session_date(value: Any) -> datetime:
 
     Accepted: an ISO date or date-time string (``"2023-05-08"``,
     ``"2023-05-08T13:56:00+02:00"``; an offset is converted to UTC, none means
-    UTC) and LoCoMo's spoken form (``"1:56 pm on 8 May, 2023"``, ``"8 May 2023"``).
+    UTC), LoCoMo's spoken form (``"1:56 pm on 8 May, 2023"``, ``"8 May 2023"``,
+    ``"May 8, 2023"``) and the year first (``"2023年5月8日"``, ``"2023/5/8 13:56"``).
+    A form whose day and month could be swapped (``"08.05.2023"``) is refused.
 
     Raises:
         InvalidSessionDateError: If ``value`` is not such a string, or falls outside
@@ -235,7 +243,7 @@ def _read_date(value: Any) -> tuple[datetime, bool]:
     if parsed is None:
         msg = (
             f"{SESSION_DATE_KEY} {_shown(value)} is not a date: give an ISO date such as "
-            "'2023-05-08' or '2023-05-08T13:56:00', or '1:56 pm on 8 May, 2023'"
+            "'2023-05-08' or '2023-05-08T13:56:00', '1:56 pm on 8 May, 2023' or '2023年5月8日'"
         )
         raise InvalidSessionDateError(msg)
     return _naive_utc(parsed, value), timed
@@ -253,11 +261,19 @@ def _naive_utc(moment: datetime, given: Any) -> datetime:
 
 
 def _spoken_date(text: str) -> tuple[datetime | None, bool]:
-    found = _SPOKEN_DATE.match(text) if len(text) <= 40 else None
+    """A date in one of the non-ISO forms read (see :func:`parse_session_date`)."""
+    if len(text) > 40:
+        return None, False
+    year_first = _YEAR_FIRST.match(text)
+    if year_first is not None:
+        year, month, day, hour, minute = year_first.groups()
+        clock = (int(hour), int(minute)) if hour is not None else (0, 0)
+        return _date_of(int(year), int(month), int(day), clock), hour is not None
+    found = _SPOKEN_DATE.match(text)
     if found is None:
         return None, False
-    hour, minute, half, day, month, year = found.groups()
-    number = _MONTHS.get(month.lower())
+    hour, minute, half, day, month, month_first, day_second, year = found.groups()
+    number = _MONTHS.get((month or month_first).lower())
     if number is None:
         return None, False
     clock = (0, 0)
@@ -265,10 +281,14 @@ def _spoken_date(text: str) -> tuple[datetime | None, bool]:
         if not 1 <= int(hour) <= 12:
             return None, False
         clock = (int(hour) % 12 + (12 if half.lower().startswith("p") else 0), int(minute))
+    return _date_of(int(year), number, int(day or day_second), clock), hour is not None
+
+
+def _date_of(year: int, month: int, day: int, clock: tuple[int, int]) -> datetime | None:
     try:
-        return datetime(int(year), number, int(day), *clock), hour is not None
+        return datetime(year, month, day, *clock)
     except ValueError:  # 31 February, minute 75
-        return None, False
+        return None
 
 
 def time_bound(name: str, value: Any, *, end: bool = False) -> datetime | None:
