@@ -461,3 +461,36 @@ def test_parse_update_applies_only_an_offered_id() -> None:
     assert parse_update(f"update [{'a' * 32}]： 月结60天", offered) == ("月结60天", "a" * 32)
     assert parse_update(f"UPDATE {'b' * 32}: net 60", offered) == ("net 60", None)
     assert parse_update("net 60 days", offered) == ("net 60 days", None)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "UPDATE {id}: net 60",
+        "**UPDATE {id}**: net 60",
+        "`UPDATE {id}: net 60`",
+        "UPDATE <{id}>: net 60",
+        "UPDATE memory {id}: net 60",
+        "UPDATE id {id}: net 60",
+        "UPDATE #{id}: net 60",
+        "UPDATE {id} - net 60",
+        "UPDATE {id} -> net 60",
+        "UPDATE {id}\nnet 60",
+        "update {id}: net 60",
+    ],
+)
+def test_an_update_in_the_forms_models_write_is_applied(answer: str) -> None:
+    memory_id = "0f" * 16
+    assert parse_update(answer.format(id=memory_id), {memory_id}) == ("net 60", memory_id)
+
+
+def test_a_summary_that_starts_with_update_is_kept_whole() -> None:
+    for text in ("Update pricing: net 60", "Update: the meeting moved to 5 pm"):
+        assert parse_update(text, {"0f" * 16}) == (text, None)
+
+
+@pytest.mark.parametrize("answer", ["UPDATE {id}:", "**UPDATE {id}**: **", "UPDATE [{id}]：  "])
+def test_an_update_without_its_new_text_is_a_failed_attempt(answer: str) -> None:
+    memory_id = "0f" * 16
+    with pytest.raises(ValueError, match="without the new text"):
+        parse_update(answer.format(id=memory_id), {memory_id})

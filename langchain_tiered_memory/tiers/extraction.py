@@ -20,9 +20,16 @@ from langchain_tiered_memory.text.tokens import cut_to_tokens, estimate_tokens
 logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
-# "UPDATE <id>: new text" (the id as the model wrote it, brackets allowed).
+# "UPDATE <id>: new text", as models write it: in markdown ("**UPDATE abc**: ..."),
+# the id bracketed or named ("[abc]", "<abc>", "memory abc", "id abc"), a dash or a
+# line break for the colon.
 _UPDATE = re.compile(
-    r"^\s*update\s+\[?([^\s:\]]{1,200})\]?\s*[:：]\s*(.+)$", re.IGNORECASE | re.DOTALL
+    r"""^[\s*_`"'>]*(update)[\s*_`"']+
+    (?:memory\s+|id\s*[:=]?\s*|\#)?
+    [\[<("'`*]*([^\s:：\]>)"'`*]{1,200})[\]>)"'`*]*
+    [ \t]*(?:[:：=]|[-–—]+>?|\n)
+    (.*)$""",
+    re.IGNORECASE | re.DOTALL | re.VERBOSE,
 )
 #: Memory texts shown to the extractor are cut to this many characters each.
 NEIGHBOUR_CHARS = 500
@@ -108,16 +115,23 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
     nothing outside the scope is touched.
     """
     found = _UPDATE.match(text)
-    if found is None:
+    keyword, memory_id = (found.group(1), found.group(2)) if found else ("", "")
+    # "Update pricing: net 60" is a summary, not an answer in the prompt's form.
+    if found is None or (
+        keyword != "UPDATE" and memory_id not in offered and not any(c.isdigit() for c in memory_id)
+    ):
         return text, None
-    memory_id, new_text = found.group(1), found.group(2).strip()
+    new_text = found.group(3).strip().rstrip("`*").strip()
+    if not new_text:
+        msg = f"the extractor answered UPDATE {memory_id[:80]!r} without the new text"
+        raise ValueError(msg)
     if memory_id not in offered:
         logger.warning(
             "the extractor asked to update %r, which it was not offered; stored as a new memory",
             memory_id[:80],
         )
-        return new_text or text, None
-    return new_text or text, memory_id
+        return new_text, None
+    return new_text, memory_id
 
 
 def parse_extraction(answer: BaseMessage | str) -> str | None:
