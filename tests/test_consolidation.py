@@ -29,13 +29,14 @@ from langchain_core.language_models.fake_chat_models import (
 )
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import RunnableLambda
 from pydantic import Field
 from sqlalchemy import select
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.prompts import PROMPTS, prompts_for
 from langchain_tiered_memory.core.validation import safe_filename
-from langchain_tiered_memory.text.tokens import estimate_tokens, prompt_budget
+from langchain_tiered_memory.text.tokens import exact_tokens, prompt_budget
 from langchain_tiered_memory.tiers.consolidation import MemoryConsolidator
 
 from .fakes import HOSTILE
@@ -693,7 +694,7 @@ def test_every_prompt_fits_its_budget_and_every_message_is_consolidated_once(
     assert len(llm.calls.prompts) == len(entries)  # one LLM call per batch, none failed
     first = 1
     for prompt, entry, size in zip(llm.calls.prompts, entries, sizes, strict=True):
-        assert estimate_tokens(prompt) <= budget
+        assert exact_tokens(prompt) <= budget  # every character counted, no sampling
         assert "[RAW]" not in entry.splitlines()[1]
         for n in range(first, first + size):  # the LLM saw every message it consolidated
             assert mark(n, lang) in prompt and mark(n, lang) in entry
@@ -721,16 +722,18 @@ def test_a_batch_the_llm_keeps_failing_is_archived_raw_as_it_was_tried(
 def test_a_memory_md_past_the_budget_still_moves_one_message_at_a_time(
     backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
 ) -> None:
-    # MEMORY.md alone is past the budget: every batch still takes its oldest message,
-    # so consolidation never stalls (the model may refuse it: then that message goes raw).
-    llm = FakeLLM(answer="# Memory\n" + "fact " * 3_000)
-    consolidator = make_consolidator(llm, max_prompt_tokens=1_000, threshold=4, batch=4)
-    history = TieredChatMessageHistory("fit-floor", backup=backup, consolidator=consolidator)
+    # A MEMORY.md written under a larger budget (or by an older version) is past this
+    # one: the next batch still takes its oldest message, so consolidation never
+    # stalls, and once the model rewrites MEMORY.md shorter the batches grow back.
+    roomy = make_consolidator(FakeLLM(answer="# Memory\n" + "fact " * 3_000), threshold=4, batch=4)
+    history = TieredChatMessageHistory("fit-floor", backup=backup, consolidator=roomy)
     history.add_messages(chat(1, 12))
-    consolidator.flush(timeout=60)
-    sizes = assert_batches_contiguous(consolidator, "fit-floor")
-    assert sizes[0] == 4  # the first prompt has no MEMORY.md yet
-    assert sizes[1:] == [1, 1, 1, 1]  # down to the threshold: 12 - 4 - 4 = 4 left
+    assert roomy.run_pending(max_batches=1) == 1
+    roomy.close(timeout=10)
+    tight = make_consolidator(FakeLLM(), max_prompt_tokens=1_000, threshold=4, batch=4)
+    tight.flush(timeout=60)
+    assert assert_batches_contiguous(tight, "fit-floor") == [4, 1, 4]
+    assert tight.memory("fit-floor") == "# Memory v2\n"
 
 
 @pytest.mark.parametrize(
@@ -748,13 +751,59 @@ def test_a_bad_prompt_budget_is_refused(value: Any, error: type[Exception]) -> N
         ({}, 32_000),
         ({"max_input_tokens": "big"}, 32_000),
         ({"max_input_tokens": True}, 32_000),
-        ({"max_input_tokens": -5}, 1_000),
+        ({"max_input_tokens": -5}, 32_000),
+        ({"max_input_tokens": 800}, 680),
         ({"max_input_tokens": 200_000}, 170_000),  # less 15 % for the estimate's error
     ],
 )
 def test_the_budget_follows_what_the_model_profile_declares(profile: Any, budget: int) -> None:
     assert prompt_budget(SimpleNamespace(profile=profile), None) == budget
     assert prompt_budget(SimpleNamespace(profile=profile), 5_000) == 5_000  # the caller's wins
+
+
+def test_the_budget_is_found_through_wrappers_and_is_the_smallest_of_fallbacks() -> None:
+    big = FakeLLM(profile={"max_input_tokens": 128_000})
+    small = FakeLLM(profile={"max_input_tokens": 8_000})
+    assert prompt_budget(small.with_retry(), None) == 6_800
+    assert prompt_budget(small.bind(stop=["x"]), None) == 6_800
+    assert prompt_budget(big.with_fallbacks([small]), None) == 6_800
+    assert prompt_budget(RunnableLambda(str) | small, None) == 6_800
+    assert prompt_budget(FakeLLM().with_retry(), None) == 32_000
+
+
+def test_a_memory_md_past_half_the_budget_is_a_failed_attempt(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    # Within MEMORY_MD_CHARS, but ~5,200 tokens of a 8,000 budget: in every later
+    # prompt it would leave room for one message at a time.
+    llm = FakeLLM(answer="# 记忆\n" + "应收账款" * 1_000)
+    consolidator = make_consolidator(llm, max_prompt_tokens=8_000)
+    history = TieredChatMessageHistory("fit-big", backup=backup, consolidator=consolidator)
+    history.add_messages(chat(1, 101, lang="zh"))
+    consolidator.flush(timeout=30)
+    assert llm.calls.count == 3
+    [entry] = consolidator.history_entries("fit-big")
+    assert "[RAW]" in entry.splitlines()[1] and consolidator.memory("fit-big") == ""
+    assert all(mark(n, "zh") in entry for n in range(1, 51))  # the whole batch: it fit
+
+
+def test_a_house_style_that_shows_the_conversation_twice_still_fits(
+    backup: MySQLBackup, make_consolidator: Callable[..., MemoryConsolidator]
+) -> None:
+    house = replace(PROMPTS["en"], consolidation="{memory}\n{conversation}\nAgain:\n{conversation}")
+    llm = FakeLLM()
+    consolidator = make_consolidator(llm, prompts=house, max_prompt_tokens=4_000)
+    history = TieredChatMessageHistory("fit-twice", backup=backup, consolidator=consolidator)
+    history.add_messages(long_chat(1, 130, "en"))
+    consolidator.flush(timeout=60)
+    assert llm.calls.prompts and all(exact_tokens(p) <= 4_000 for p in llm.calls.prompts)
+    assert_batches_contiguous(consolidator, "fit-twice")
+
+
+def test_instructions_past_half_the_budget_are_refused_at_construction() -> None:
+    house = replace(PROMPTS["en"], consolidation="Be careful. " * 400 + "{memory}{conversation}")
+    with pytest.raises(ValueError, match=r"consolidation prompt's instructions take \d+ tokens"):
+        MemoryConsolidator(FakeLLM(), prompts=house, max_prompt_tokens=1_000, start_worker=False)
 
 
 # -- 4. crashes ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from langchain_tiered_memory import MySQLBackup, SessionOwnershipError, TieredCh
 from langchain_tiered_memory.core.prompts import PROMPTS
 from langchain_tiered_memory.text import embeddings as embeddings_module
 from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
-from langchain_tiered_memory.text.tokens import estimate_tokens
+from langchain_tiered_memory.text.tokens import exact_tokens
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, LongMemoryRetriever
 
 from .fakes import HashEmbeddings, RecordingChatModel, replies
@@ -377,7 +378,7 @@ def test_a_turn_past_the_prompt_budget_reaches_the_extractor_cut_in_the_middle(
     first, second = extractor.recorder.prompts
     assert heading not in first and heading in second
     for prompt in (first, second):
-        assert estimate_tokens(prompt) <= budget
+        assert exact_tokens(prompt) <= budget  # every character counted, no sampling
         # The question opens the turn and the answer ends it: both reach the model.
         assert question in prompt and f"AI: {answer}" in prompt and " … " in prompt
     rows = catalog(backup, "pasted")
@@ -385,6 +386,32 @@ def test_a_turn_past_the_prompt_budget_reaches_the_extractor_cut_in_the_middle(
     assert rows[0].text == f"Summary: {question}"
     stored = [m.content for m in backup.get_messages("pasted")]
     assert stored[0] == f"{question}\n{pasted}"  # the archive keeps the whole turn
+
+
+def test_the_memories_offered_for_update_leave_the_turn_its_room(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # Five Chinese memories of ~200 characters (~270 tokens each) are past half of a
+    # 1,500-token budget: fewer are offered, and the prompt still fits.
+    extractor = FakeExtractor()
+    memory = make_memory(extractor=extractor, max_prompt_tokens=1_500)
+    chat = history(backup, memory, "near", "u")
+    for n in range(6):
+        say(chat, f"第{n}次对账：" + "应收账款与发票金额核对无误" * 15, "好的。")
+        assert memory.run_pending() == 1
+    offered = [len(re.findall(r"^\[\w+\] ", p, re.MULTILINE)) for p in extractor.recorder.prompts]
+    assert offered[0] == 0 and 1 <= max(offered) < 5
+    assert all(exact_tokens(p) <= 1_500 for p in extractor.recorder.prompts)
+    assert [row.kind for row in catalog(backup, "near")] == ["extracted"] * 6
+
+
+def test_extraction_instructions_past_half_the_budget_are_refused_at_construction(
+    make_memory: MakeMemory,
+) -> None:
+    house = replace(PROMPTS["en"], extraction="Be careful. " * 400 + "{conversation}")
+    with pytest.raises(ValueError, match=r"extraction prompt's instructions take \d+ tokens"):
+        make_memory(extractor=FakeExtractor(), prompts=house, max_prompt_tokens=1_000)
+    make_memory(prompts=house, max_prompt_tokens=1_000)  # raw turns: no prompt is sent
 
 
 def test_custom_prompts_reach_the_extractor(make_memory: MakeMemory, backup: MySQLBackup) -> None:

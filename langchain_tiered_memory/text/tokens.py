@@ -13,6 +13,7 @@ import io
 import json
 import math
 import re
+import string
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
@@ -315,11 +316,56 @@ def resolve_token_counter(
 #: Tokens an extraction or consolidation prompt may take when neither the caller nor
 #: the model's profile says: fits every current chat model's context window.
 DEFAULT_PROMPT_TOKENS = 32_000
-#: The smallest budget accepted: the prompts' own instructions take a few hundred.
+#: The smallest budget a caller may give: the prompts' own instructions take a few hundred.
 MIN_PROMPT_TOKENS = 1_000
 #: Share of a model's declared input limit a prompt takes: room for the estimate's
 #: error against the model's own tokenizer (within 15 %, ``bench_tokens``).
 PROFILE_SHARE = 0.85
+#: Text counted at once when a budget is filled from one end of a text.
+_CHUNK = 4096
+_CUT = " … "
+
+
+def exact_tokens(text: str) -> int:
+    """:func:`estimate_tokens` of a text with every character counted (no sampling).
+
+    For budgets that must hold: the estimate of a text past 16 KB counts slices of
+    it, and can be off either way on uneven text.
+    """
+    return int(_count(text) + 0.999)
+
+
+def instruction_tokens(template: str, fields: Mapping[str, str]) -> int:
+    """Tokens of ``template`` with its other ``fields`` and an empty ``{conversation}``."""
+    return exact_tokens(template.format(conversation="", **fields))
+
+
+def room_for(template: str, fields: Mapping[str, str], max_tokens: int) -> int:
+    """Tokens each ``{conversation}`` of ``template`` may take within ``max_tokens``.
+
+    Args:
+        template: A prompt with a ``{conversation}`` field (a house style may show
+            it more than once).
+        fields: Its other fields' values.
+        max_tokens: The whole prompt's budget.
+    """
+    copies = sum(name == "conversation" for _, name, _, _ in string.Formatter().parse(template))
+    return (max_tokens - instruction_tokens(template, fields)) // max(copies, 1)
+
+
+def check_instructions(what: str, template: str, fields: Mapping[str, str], budget: int) -> None:
+    """Refuse a prompt whose instructions take more than half of ``budget``.
+
+    Raises:
+        ValueError: Naming the prompt, its tokens and the budget.
+    """
+    fixed = instruction_tokens(template, fields)
+    if fixed > budget // 2:
+        msg = (
+            f"the {what} prompt's instructions take {fixed} tokens, more than half of "
+            f"the prompt budget ({budget}: max_prompt_tokens, or the model's profile)"
+        )
+        raise ValueError(msg)
 
 
 def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
@@ -327,10 +373,12 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
 
     Args:
         model: The chat model (or runnable) the prompt is for.
-        max_prompt_tokens: The caller's budget; ``None`` takes the
-            ``max_input_tokens`` of the model's ``profile`` (langchain-core's model
-            profiles) when it declares one, less the estimate's error
-            (:data:`PROFILE_SHARE`), else :data:`DEFAULT_PROMPT_TOKENS`.
+        max_prompt_tokens: The caller's budget; ``None`` takes the smallest
+            ``max_input_tokens`` that the model's ``profile`` declares
+            (langchain-core's model profiles; a model wrapped by ``with_retry``,
+            ``bind`` or a pipe, and every model of ``with_fallbacks``), less the
+            estimate's error (:data:`PROFILE_SHARE`); else
+            :data:`DEFAULT_PROMPT_TOKENS`.
 
     Raises:
         TypeError: If ``max_prompt_tokens`` is not an int.
@@ -338,26 +386,73 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
     """
     if max_prompt_tokens is not None:
         return check_int("max_prompt_tokens", max_prompt_tokens, MIN_PROMPT_TOKENS)
+    limits = _declared_limits(model, depth=0)
+    return max(int(min(limits) * PROFILE_SHARE), 1) if limits else DEFAULT_PROMPT_TOKENS
+
+
+def _declared_limits(model: object, depth: int) -> list[int]:
+    """The ``max_input_tokens`` that ``model`` and the models it wraps declare."""
+    if depth > 8:
+        return []
+    found: list[int] = []
     profile = getattr(model, "profile", None)
     limit = profile.get("max_input_tokens") if isinstance(profile, Mapping) else None
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        return max(int(limit * PROFILE_SHARE), MIN_PROMPT_TOKENS)
-    return DEFAULT_PROMPT_TOKENS
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        found.append(limit)
+    inner = [getattr(model, "bound", None), getattr(model, "runnable", None)]
+    for name in ("fallbacks", "steps"):
+        wrapped = getattr(model, name, None)
+        if isinstance(wrapped, Sequence) and not isinstance(wrapped, str):
+            inner.extend(wrapped)
+    for each in inner:
+        if each is not None and each is not model:
+            found.extend(_declared_limits(each, depth + 1))
+    return found
 
 
 def cut_to_tokens(text: str, max_tokens: int) -> str:
     """``text`` if it fits ``max_tokens``, else its start and its end joined by ``…``.
 
-    Both ends are kept: a turn opens with the question and ends with the answer.
+    Both ends are kept, half the budget each: a turn opens with the question and
+    ends with the answer. Counted exactly (:func:`exact_tokens`), in time bounded
+    by what is kept, not by the length of ``text``.
     """
-    total = _text_tokens(text)
-    if total <= max_tokens:
+    if _within(text, max_tokens, from_end=False) == len(text):
         return text
-    keep = int(len(text) * max_tokens / total)
-    while keep > 0:
-        half = keep // 2
-        cut = f"{text[:half]} … {text[len(text) - half :]}" if half else "…"
-        if _text_tokens(cut) <= max_tokens:
-            return cut
-        keep = int(keep * 0.9)
-    return "…"
+    room = max_tokens - exact_tokens(_CUT)
+    head = text[: _within(text, room // 2, from_end=False)]
+    tail = text[len(text) - _within(text, room - exact_tokens(head), from_end=True) :]
+    cut = f"{head}{_CUT}{tail}"
+    # Pieces counted chunk by chunk may join differently: the whole is checked.
+    while exact_tokens(cut) > max_tokens and (head or tail):
+        head, tail = head[: len(head) * 9 // 10], tail[len(tail) // 10 :]
+        cut = f"{head}{_CUT}{tail}"
+    return cut if exact_tokens(cut) <= max_tokens else ""
+
+
+def _within(text: str, limit: int, *, from_end: bool) -> int:
+    """Length of the longest start (or end) of ``text`` within ``limit`` tokens."""
+    used = taken = 0
+    while taken < len(text):
+        size = min(_CHUNK, len(text) - taken)
+        start = len(text) - taken - size if from_end else taken
+        chunk = text[start : start + size]
+        tokens = exact_tokens(chunk)
+        if used + tokens > limit:
+            return taken + _longest(chunk, limit - used, from_end=from_end)
+        used += tokens
+        taken += size
+    return taken
+
+
+def _longest(chunk: str, limit: int, *, from_end: bool) -> int:
+    """The most characters of ``chunk``, from its start or its end, within ``limit`` tokens."""
+    low, high = 0, len(chunk)
+    while low < high:
+        middle = (low + high + 1) // 2
+        part = chunk[len(chunk) - middle :] if from_end else chunk[:middle]
+        if exact_tokens(part) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -45,7 +45,7 @@ from sqlalchemy import delete, func, insert, select, update
 
 from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
-from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for
+from langchain_tiered_memory.core.prompts import EN, PROMPTS, Prompts, prompts_for
 from langchain_tiered_memory.core.turns import call_text, role_of, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -74,7 +74,12 @@ from langchain_tiered_memory.storage.jobs import (
 )
 from langchain_tiered_memory.storage.session_files import atomic_write
 from langchain_tiered_memory.text.lexical import cjk_share
-from langchain_tiered_memory.text.tokens import estimate_tokens, prompt_budget
+from langchain_tiered_memory.text.tokens import (
+    check_instructions,
+    exact_tokens,
+    prompt_budget,
+    room_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +179,11 @@ class MemoryConsolidator(QueueWorker):
             cursor.
         batch: How many of the oldest messages one consolidation takes at most.
         max_prompt_tokens: Tokens one consolidation prompt (MEMORY.md and the
-            batch) may take; ``None`` takes the model's
-            ``profile["max_input_tokens"]`` when it declares one, else 32,000. A
-            batch that would not fit takes fewer messages (at least one); the rest
-            go to the next batch.
+            batch) may take; ``None`` takes 85 % of the model's
+            ``profile["max_input_tokens"]`` when it declares one, else 32,000 (see
+            :func:`~langchain_tiered_memory.text.tokens.prompt_budget`). A batch
+            that would not fit takes fewer messages (at least one); the rest go to
+            the next batch. A MEMORY.md answer past half of it is a failed attempt.
         max_attempts: LLM attempts before the batch is archived raw.
         timeout: Seconds one LLM call may take.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
@@ -230,7 +236,9 @@ class MemoryConsolidator(QueueWorker):
         self.backup = backup
         self.threshold = threshold
         self.batch = batch
-        self.max_prompt_tokens = prompt_budget(llm, max_prompt_tokens)
+        self.max_prompt_tokens = budget = prompt_budget(llm, max_prompt_tokens)
+        for each in [prompts] if prompts is not None else list(PROMPTS.values()):
+            check_instructions("consolidation", each.consolidation, {"memory": ""}, budget)
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.retry_base_delay = retry_base_delay
@@ -356,12 +364,10 @@ class MemoryConsolidator(QueueWorker):
 
     def _fitting(self, prompts: Prompts, memory: str, lines: Sequence[str]) -> int:
         """How many of the oldest ``lines`` fit the prompt's budget with ``memory`` (>= 1)."""
-        room = self.max_prompt_tokens - estimate_tokens(
-            prompts.consolidation.format(memory=memory or "-", conversation="")
-        )
+        room = room_for(prompts.consolidation, {"memory": memory or "-"}, self.max_prompt_tokens)
         taken = 0
         for line in lines:
-            room -= estimate_tokens(line) + 1  # the line break
+            room -= exact_tokens(line) + 1  # the line break
             if room < 0:
                 break
             taken += 1
@@ -425,6 +431,14 @@ class MemoryConsolidator(QueueWorker):
                 raise ValueError(msg)
             if not text.strip():
                 msg = "the LLM returned an empty MEMORY.md"
+                raise ValueError(msg)
+            tokens = exact_tokens(text)
+            if tokens > self.max_prompt_tokens // 2:
+                # It goes into every later prompt: the batches would shrink to one message.
+                msg = (
+                    f"the LLM returned a MEMORY.md of {tokens} tokens, more than half of "
+                    f"max_prompt_tokens ({self.max_prompt_tokens})"
+                )
                 raise ValueError(msg)
             memory = redact(_SURROGATE.sub("\ufffd", text.strip())) + "\n"
         first_id, last_id = rows[0].id, rows[-1].id

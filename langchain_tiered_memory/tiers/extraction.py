@@ -15,7 +15,12 @@ from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.prompts import Prompts, prompts_for
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.text.lexical import cjk_share
-from langchain_tiered_memory.text.tokens import cut_to_tokens, estimate_tokens
+from langchain_tiered_memory.text.tokens import (
+    check_instructions,
+    cut_to_tokens,
+    instruction_tokens,
+    room_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +78,36 @@ def format_turn(messages: Sequence[BaseMessage], prompts: Prompts) -> str:
     return "\n".join(lines)
 
 
+def _template(prompts: Prompts, memories: Sequence[tuple[str, str]]) -> tuple[str, dict[str, str]]:
+    """The extraction template for a turn, and its fields other than the conversation."""
+    if not memories:
+        return prompts.extraction, {}
+    listed = "\n".join(
+        f"[{memory_id}] {' '.join(text.split())[:NEIGHBOUR_CHARS]}" for memory_id, text in memories
+    )
+    return prompts.extraction_update, {"memories": listed}
+
+
+def check_extraction_prompts(prompts: Prompts, max_tokens: int) -> None:
+    """Refuse prompts whose instructions leave a turn less than half of ``max_tokens``.
+
+    Raises:
+        ValueError: Naming the prompt and the budget.
+    """
+    check_instructions("extraction", prompts.extraction, {}, max_tokens)
+    check_instructions("extraction_update", prompts.extraction_update, {"memories": ""}, max_tokens)
+
+
+def offerable(
+    prompts: Prompts, memories: Sequence[tuple[str, str]], max_tokens: int
+) -> list[tuple[str, str]]:
+    """The nearest of ``memories`` that leave the turn at least half of ``max_tokens``."""
+    kept = list(memories)
+    while kept and instruction_tokens(*_template(prompts, kept)) > max_tokens // 2:
+        kept.pop()
+    return kept
+
+
 def extraction_prompt(
     messages: Sequence[BaseMessage],
     prompts: Prompts,
@@ -85,24 +120,16 @@ def extraction_prompt(
         messages: The turn.
         prompts: Its prompts: ``prompts.extraction``, or with ``memories``
             ``prompts.extraction_update``, which offers them for ``UPDATE``.
-        memories: ``(id, text)`` of the scope's memories the model may update.
-        max_tokens: The prompt's budget (estimated tokens). A turn too long for it
-            is cut in the middle, its start and end kept; the archive keeps it whole.
+        memories: ``(id, text)`` of the scope's memories the model may update
+            (see :func:`offerable` for those that fit a budget).
+        max_tokens: The prompt's budget (:func:`~langchain_tiered_memory.text.tokens.exact_tokens`).
+            A turn too long for it is cut in the middle, its start and end kept;
+            the archive keeps it whole.
     """
-    fields: dict[str, str] = {}
-    template = prompts.extraction
-    if memories:
-        template = prompts.extraction_update
-        fields["memories"] = "\n".join(
-            f"[{memory_id}] {' '.join(text.split())[:NEIGHBOUR_CHARS]}"
-            for memory_id, text in memories
-        )
+    template, fields = _template(prompts, memories)
     conversation = format_turn(messages, prompts)
     if max_tokens is not None:
-        instructions = estimate_tokens(template.format(conversation="", **fields))
-        # The turn keeps at least a quarter of the budget, however many memories are offered.
-        room = max(max_tokens - instructions, max_tokens // 4)
-        conversation = cut_to_tokens(conversation, room)
+        conversation = cut_to_tokens(conversation, max(room_for(template, fields, max_tokens), 0))
     return template.format(conversation=conversation, **fields)
 
 

@@ -29,7 +29,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
-from langchain_tiered_memory.core.prompts import Prompts
+from langchain_tiered_memory.core.prompts import PROMPTS, Prompts
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.core.validation import InvalidSessionDateError, session_date
 from langchain_tiered_memory.storage.archive import ArchiveUnavailableError
@@ -45,8 +45,10 @@ from langchain_tiered_memory.storage.jobs import (
 from langchain_tiered_memory.text.embeddings import model_name
 from langchain_tiered_memory.text.tokens import prompt_budget
 from langchain_tiered_memory.tiers.extraction import (
+    check_extraction_prompts,
     extraction_prompt,
     format_turn,
+    offerable,
     parse_extraction,
     parse_update,
     turn_prompts,
@@ -318,6 +320,9 @@ class ExtractionWorker(QueueWorker):
         self.max_attempts = max_attempts
         self.extract_timeout = extract_timeout
         self.max_prompt_tokens = prompt_budget(extractor, max_prompt_tokens)
+        if extractor is not None:
+            for each in [prompts] if prompts is not None else list(PROMPTS.values()):
+                check_extraction_prompts(each, self.max_prompt_tokens)
         self.retry_base_delay = retry_base_delay
         self.idle_seconds = idle_seconds
         super().__init__(
@@ -359,7 +364,8 @@ class ExtractionWorker(QueueWorker):
         if self.extractor is None or job.attempts >= self.max_attempts:
             raw = format_turn(turn, prompts)
             return (storable(raw) if raw else None), "raw", None
-        offered = self.nearest(job, format_turn(turn, prompts), own_id)
+        nearest = self.nearest(job, format_turn(turn, prompts), own_id)
+        offered = offerable(prompts, nearest, self.max_prompt_tokens)
         prompt = extraction_prompt(turn, prompts, offered, self.max_prompt_tokens)
         extractor = self.extractor
         answer = call_with_timeout(lambda: extractor.invoke(prompt), self.extract_timeout)
