@@ -71,6 +71,7 @@ def history(backup: MySQLBackup, memory: ChromaLongMemory, session_id: str, user
         ("2023年5月8日 13:56", datetime(2023, 5, 8, 13, 56)),
         ("2023/05/08", datetime(2023, 5, 8)),
         ("2023-5-8", datetime(2023, 5, 8)),
+        ("2023年5月11日13:56", datetime(2023, 5, 11, 13, 56)),
     ],
 )
 def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: datetime) -> None:
@@ -89,6 +90,7 @@ def test_session_dates_in_iso_and_locomo_form_are_read(given: str, expected: dat
         "2023年2月31日",
         "2023/5/8 25:00",
         "May 2023",
+        "2023/5/113:56",  # 1 May 13:56 or 11 May 3:56: refused
     ],
 )
 def test_a_bad_session_date_is_a_typed_error_naming_it(bad: Any) -> None:

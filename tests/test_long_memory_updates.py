@@ -11,6 +11,7 @@ prompt offers the scope's nearest memories and the model may answer
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -106,10 +107,61 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: How much do the M8 bolts cost now? 3 boxes?", None),
         ("用户：我把地址从3个地方汇总了一下", None),
         ("User: I read the swiftly written memo 3 times.", None),
+        # More wordings: a dot inside an e-mail, "No.", a currency before the amount,
+        # the owner before the item, the words around a Chinese item.
+        ("User: My email is now jane.doe@acme.com", "email"),
+        ("User: Our account no. is now 87654321", "account number"),
+        ("User: M8 bolts now cost €0.15", "price:m8 bolt"),
+        ("User: M8 bolts now cost EUR 0.15", "price:m8 bolt"),
+        ("User: The price of M8 bolts increased to 0.15 EUR", "price:m8 bolt"),
+        ("User: ACME's M8 bolt price is now 0.15", "price:m8 bolt"),
+        ("User: The price of the M8 bolts was raised to 0.15 EUR.", "price:m8 bolt"),
+        ("User: Our phone number has been changed to 555-0100.", "phone"),
+        ("User: Our address is now No. 5 Mill Lane", "address"),
+        ("用户：公司地址变更为上海市浦东新区100号", "address"),
+        ("用户：信用额度提高到80万元", "credit limit"),
+        ("用户：付款条件由月结30天调整为月结60天", "payment terms"),
+        ("用户：供应商通知M8螺丝的价格涨到0.15元", "price:m8螺丝"),
+        ("用户：M8螺丝现在的价格是0.15元", "price:m8螺丝"),
+        ("用户：M6 螺丝的价格是0.10元", "price:m6螺丝"),
+        # A subject and a number that is not its value: a negation, another verb, a
+        # time, a year, a share, a verb for the subject's name, another kind of address.
+        ("User: The IBAN is not GB33 BUKB 2020 1555 5555 55.", None),
+        ("User: Payment terms were discussed on 5 May.", None),
+        ("User: My phone is at 15% battery.", None),
+        ("User: My email was answered in 2 days.", None),
+        ("用户：电话是下午3点打来的", None),
+        ("用户：地址是2019年换的", None),
+        ("User: Please email 3 suppliers today.", None),
+        ("User: I'll phone 3 customers.", None),
+        ("User: It is written in Swift 5.9.", None),
+        ("User: My mobile 5G plan is cheap.", None),
+        ("User: The IP address is 10.0.0.1.", None),
+        ("用户：它的价格是3元", None),
+        ("用户：总价格是300元", None),
+        ("User: All of them cost 3 EUR.", None),
+        ("User: We want to reduce translation costs by 20%.", None),
+        ("User: The liner might cost 30 EUR.", None),
+        ("User: A single ride typically costs 2.50 EUR.", "price:single ride"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
     assert subject_of(text) == subject
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1" + "-1" * 1999,
+        "1 " + "a-" * 2000,
+        "User: " + "m8 " * 1300 + "price is 3",
+        "地址从" * 1300,
+    ],
+)
+def test_subject_rules_take_linear_time_on_hostile_text(text: str) -> None:
+    started = time.process_time()
+    subject_of(text)
+    assert time.process_time() - started < 0.1  # 0.4 s before the item words were possessive
 
 
 # -- raw mode: recency by subject ----------------------------------------------------------
@@ -477,6 +529,19 @@ def test_parse_update_applies_only_an_offered_id() -> None:
         "UPDATE {id} -> net 60",
         "UPDATE {id}\nnet 60",
         "update {id}: net 60",
+        "- UPDATE {id}: net 60",
+        "1. UPDATE {id}: net 60",
+        "### UPDATE {id}: net 60",
+        "UPDATE [{id}] net 60",  # as the prompt lists the memories
+        "UPDATE {id} → net 60",
+        "UPDATE {id} => net 60",
+        "UPDATE【{id}】：net 60",
+        "UPDATE({id}): net 60",
+        "UPDATE [memory {id}]: net 60",
+        "UPDATE [id: {id}]: net 60",
+        "更新 [{id}]：net 60",
+        "**UPDATE [{id}]:** net 60",
+        "UPDATE `{id}`: `net 60`",
     ],
 )
 def test_an_update_in_the_forms_models_write_is_applied(answer: str) -> None:
@@ -484,9 +549,30 @@ def test_an_update_in_the_forms_models_write_is_applied(answer: str) -> None:
     assert parse_update(answer.format(id=memory_id), {memory_id}) == ("net 60", memory_id)
 
 
-def test_a_summary_that_starts_with_update_is_kept_whole() -> None:
-    for text in ("Update pricing: net 60", "Update: the meeting moved to 5 pm"):
-        assert parse_update(text, {"0f" * 16}) == (text, None)
+def test_an_offered_id_is_applied_whatever_its_case() -> None:
+    memory_id = "0f" * 16
+    assert parse_update(f"UPDATE {memory_id.upper()}: net 60", {memory_id}) == ("net 60", memory_id)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Update pricing: net 60",
+        "Update: the meeting moved to 5 pm",
+        "Update #4711: order shipped on 5 May, tracking 1Z999.",
+        "Update 1:56 pm - the user arrived",
+        "Update Q3: revenue is up",
+    ],
+)
+def test_a_summary_that_starts_with_update_is_kept_whole(text: str) -> None:
+    assert parse_update(text, {"0f" * 16}) == (text, None)
+
+
+@pytest.mark.parametrize("text", ["UPDATE " + "*" * 100_000, "UPDATE id" + " " * 100_000])
+def test_parse_update_takes_linear_time_on_hostile_answers(text: str) -> None:
+    started = time.process_time()
+    parse_update(text, {"0f" * 16})
+    assert time.process_time() - started < 0.1  # 101 s for the first before
 
 
 @pytest.mark.parametrize("answer", ["UPDATE {id}:", "**UPDATE {id}**: **", "UPDATE [{id}]：  "])

@@ -161,9 +161,10 @@ _SPOKEN_DATE = re.compile(
     re.IGNORECASE,
 )
 # The year first, as Chinese and most of Asia write it: "2023年5月8日", "2023/5/8 13:56".
+# The time is set apart (a space, "T" or 日): "2023/5/113:56" could be 1 or 11 May.
 _YEAR_FIRST = re.compile(
     r"^\s*(\d{4})\s*[-/.年]\s*(\d{1,2})\s*[-/.月]\s*(\d{1,2})\s*[日号]?"
-    r"(?:[\sT]*(\d{1,2})\s*[:：时]\s*(\d{2})\s*分?)?\s*$"
+    r"(?:(?:[\sT]+|(?<=[日号]))(\d{1,2})\s*[:：时]\s*(\d{2})\s*分?)?\s*$"
 )
 
 

@@ -25,17 +25,26 @@ from langchain_tiered_memory.text.tokens import (
 logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
-# "UPDATE <id>: new text", as models write it: in markdown ("**UPDATE abc**: ..."),
-# the id bracketed or named ("[abc]", "<abc>", "memory abc", "id abc"), a dash or a
-# line break for the colon.
+# The head of an UPDATE answer, as models write it: after a list marker or markdown,
+# the keyword, the id (bracketed, quoted or named: "[id]", "<id>", "【id】",
+# "memory id", "#id"), then a colon, a dash, an arrow or a line break; "[id] text", as
+# the prompt lists memories, needs none. Possessive quantifiers: a long run of "*" or
+# spaces that fits no form fails at once, not at every split.
+_NAME = r"(?:(?:memory\s+id|memory|id)\s*+[:=\#]?+\s*+|\#)?+"
 _UPDATE = re.compile(
-    r"""^[\s*_`"'>]*(update)[\s*_`"']+
-    (?:memory\s+|id\s*[:=]?\s*|\#)?
-    [\[<("'`*]*([^\s:：\]>)"'`*]{1,200})[\]>)"'`*]*
-    [ \t]*(?:[:：=]|[-–—]+>?|\n)
-    (.*)$""",
-    re.IGNORECASE | re.DOTALL | re.VERBOSE,
+    rf"""(?:[\s*_`\#>]|[-•]\s|\d{{1,3}}[.)]\s)*+
+    (update|更新)
+    (?:[\s*_`"'“”]++|(?=[\[<(【（「]))
+    {_NAME}
+    ([\[<(【（「"'`*]*+)
+    {_NAME}
+    ([^\s:：\]>)】）」"'`*,，]{{1,200}}+)
+    [\]>)】）」"'`*]*+
+    (?:[ \t]*+(?:[:：=]++>?+|[-–—]++>?+|→|\n)|(?<=[\]>)】）」])[ \t]++)
+    """,
+    re.IGNORECASE | re.VERBOSE,
 )
+_MARKUP = "*_`> \t\n"
 #: Memory texts shown to the extractor are cut to this many characters each.
 NEIGHBOUR_CHARS = 500
 
@@ -137,28 +146,34 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
     """A memory text and the id it updates (``None``: a new memory).
 
     Only an id among ``offered`` (the memories of the turn's own scope that the
-    prompt listed) is applied. Any other id (made up, another user's, text that
-    looks like SQL) is refused: the new text is kept as a memory of its own, and
-    nothing outside the scope is touched.
+    prompt listed; matched whatever its case) is applied. Any other id (made up,
+    another user's, text that looks like SQL) is refused: the new text is kept as a
+    memory of its own, and nothing outside the scope is touched. A summary that
+    merely starts with "Update ...:" (not the prompt's upper-case keyword, no
+    offered id) is kept whole.
+
+    Raises:
+        ValueError: If the answer is an UPDATE without its new text (a failed
+            attempt: retried, then the raw turn is stored).
     """
-    found = _UPDATE.match(text)
-    keyword, memory_id = (found.group(1), found.group(2)) if found else ("", "")
-    # "Update pricing: net 60" is a summary, not an answer in the prompt's form.
-    if found is None or (
-        keyword != "UPDATE" and memory_id not in offered and not any(c.isdigit() for c in memory_id)
-    ):
+    found = _UPDATE.match(text[:2000])
+    if found is None:
         return text, None
-    new_text = found.group(3).strip().rstrip("`*").strip()
+    keyword, memory_id = found.group(1), found.group(3)
+    by_case = {each.lower(): each for each in offered}
+    known = by_case.get(memory_id.lower())
+    if known is None and keyword not in ("UPDATE", "更新"):
+        return text, None
+    new_text = text[found.end() :].strip(_MARKUP)
     if not new_text:
         msg = f"the extractor answered UPDATE {memory_id[:80]!r} without the new text"
         raise ValueError(msg)
-    if memory_id not in offered:
+    if known is None:
         logger.warning(
             "the extractor asked to update %r, which it was not offered; stored as a new memory",
             memory_id[:80],
         )
-        return new_text, None
-    return new_text, memory_id
+    return new_text, known
 
 
 def parse_extraction(answer: BaseMessage | str) -> str | None:

@@ -23,14 +23,18 @@ import re
 
 #: A subject key is at most this long (it is indexed in the catalog).
 SUBJECT_CHARS = 120
-# A decimal point ("0.12") does not end a sentence.
-_SENTENCE = re.compile(r"(?:[^.!?。！？;；\n]|(?<=\d)\.(?=\d))+[.!?。！？;；]?")
+# A sentence ends at . ! ? ; but not at a dot inside a token ("0.12", "jane.doe@",
+# "acme.com") nor at "No." ("account No. 42").
+_SENTENCE = re.compile(r"(?:[^.!?。！？;；\n]|\.(?=[^\s.])|(?<=\b[Nn]o)\.)+[.!?。！？;；]?")
 _VALUE = re.compile(r"\d|@")
 #: How far after its link a stated value may start, in characters ("net 30 days",
 #: "上海市浦东新区世纪大道100号"); a number further on is about something else.
 VALUE_REACH = 24
-# A value right after the subject's name, as on a label: a code or number, an e-mail.
-_LABELLED = re.compile(r"\s*(?:[a-z]{0,4}\d|[\w.+-]+@)")
+# A value right after the subject's name, as on a label: a code or number (with a
+# currency before it), an e-mail.
+_LABELLED = re.compile(
+    r"\s*+(?:[a-z]{0,4}\d|(?:eur|usd|gbp|cny|rmb|jpy|chf|hkd)\s?\d|[€$£¥￥]\s?\d|[\w.+-]++@)"
+)
 # What joins a subject to the value stated of it, right after the subject's name or a
 # short qualifier of it ("payment terms with ACME are ...", "address of the warehouse is").
 _LINK = re.compile(
@@ -39,20 +43,32 @@ _LINK = re.compile(
         (?:(?:is|are|was|were|becomes|became|remains|stays|will\s+be|has\s+been|have\s+been)
            (?:\s+(?:now|still|currently))?\b)
       | (?:(?:has\s+|have\s+)?(?:changed|changes|went|goes|rose|rises|fell|falls|dropped|drops
-            |increased|decreased|moved|moves|updated|switched)
+            |increased|decreased|moved|moves|updated|switched|raised|lowered|reduced)
            (?:\s+(?:up|down))?(?:\s+(?:to|from))?\b)
       | [:=：＝]
       | (?:号码|号)?(?:现在|目前|已经|已)?
-        (?:从[^。！？；\n]{1,30}?)?  # "从月结30天改为月结60天": the old value, then the new
-        (?:是|为|改为|改成|换成|变为|变成|更新为|调整为|调为|涨到|涨至|降到|降至|调到|调至|：|:)
+        (?:[从由][^。！？；\n]{1,30}?)?  # "从月结30天改为月结60天": the old value, then the new
+        (?:是|为|改为|改成|改到|换成|变为|变成|变更为|变更成|更新为|调整为|调为|调到|调至
+            |涨到|涨至|降到|降至|提高到|提高至|提升到|上调到|上调至|上调为|下调到|下调至|下调为
+            |降低到|降低至|增加到|增加至|减少到|减少至|延长到|延长至|缩短到|缩短至|：|:)
     )""",
     re.VERBOSE,
 )
-_ITEM_END = r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|=)\b|\s*[:=,(]|\s*$)"
+# After "is"/"was": a word that says the sentence is about something else than the
+# value ("the IBAN is not ...", "payment terms were discussed on 5 May"); a verb in
+# -ed counts only when it moves the value ("was raised to 0.15").
+_NOT_A_VALUE = re.compile(r"\s*(?:not|never|no\s+longer|\w+ed\b(?!\s+(?:to|from)\b))")
+_ITEM_END = (
+    r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|rose|rises|fell|falls"
+    r"|dropped|drops|increased|decreased|moved|raised|=)\b|\s*[:=,(]|\s*$)"
+)
 # An item is one to four words; the shortest that ends where the statement goes on.
-_EN_ITEM = r"((?:[a-z0-9][a-z0-9\-]* ){0,3}?[a-z0-9][a-z0-9\-]*)"
+# Possessive words: a long run of hyphens fails at once instead of at every split.
+_EN_ITEM = r"((?:[a-z0-9][a-z0-9\-]*+ ){0,3}?[a-z0-9][a-z0-9\-]*+)"
 # Where a Latin word starts and ends: ``\b`` fails beside Chinese, a word character too.
+# An item starts no later than its word does ("ACME's", "M8-bolt").
 _B, _E = r"(?<![a-z0-9])", r"(?![a-z0-9])"
+_ITEM_START = r"(?<![a-z0-9'\-])"
 # Subjects named by a fixed phrase, English and Chinese alike, in the order tried.
 _FIXED: dict[str, str] = {
     "iban": _B + r"iban" + _E,
@@ -68,30 +84,59 @@ _FIXED: dict[str, str] = {
     + r"|付款条件|付款方式|付款条款|账期|结算方式",
     "credit limit": _B + r"credit limit" + _E + r"|信用额度|授信额度",
     "phone": _B + r"(?:phone|telephone|mobile)(?: number)?" + _E + r"|电话|手机号|联系方式",
-    "address": _B + r"address" + _E + r"|地址",
+    # Not an IP, MAC or memory address.
+    "address": _B + r"(?<!ip )(?<!mac )(?<!memory )(?<!pointer )address" + _E + r"|地址",
 }
-_ADVERB = r"(?: now| currently| still| will| from now on)?"
+# The shape a subject's value has within reach (a number, when not listed): an e-mail
+# has an @, a phone number five digits, an IBAN its country and check digits, an
+# address a number that is not a year, a time or a share.
+_SHAPES: dict[str, str] = {
+    "iban": r"[a-z]{2}\s?\d{2}",
+    "swift": r"[a-z]{6}[a-z0-9]{2}",
+    "email": r"@",
+    "account number": r"\d(?:[\s-]?\d){3}",
+    "phone": r"\d(?:[\s\-().]?\d){4}",
+    "address": r"\d++(?!\s*(?:年|点|%|percent|years?\b|minutes?\b|hours?\b|days?\b))",
+}
+_AMOUNT = r"\d"
+_ADVERB = r"(?: now| currently| still| will| from now on| typically| usually| also| only)?"
 # A price names its item: "price of the M8 bolts", "M8 bolt price", "M8 bolts now cost",
 # "M8螺丝的价格", "M8螺丝涨价到".
 _PRICES = (
     _B + r"(?:unit )?(?:price|cost) (?:of|for) (?:the |an? |our |my )?" + _EN_ITEM + _ITEM_END,
-    _B + r"(?:the |our |my )?" + _EN_ITEM + r"(?:'s)? (?:unit )?price" + _E,
-    _B + r"(?:the |our |my )?" + _EN_ITEM + _ADVERB + r" costs?" + _E,
+    _ITEM_START + r"(?:the |our |my )?" + _EN_ITEM + r"(?:'s)? (?:unit )?price" + _E,
+    _ITEM_START + r"(?:the |our |my )?" + _EN_ITEM + _ADVERB + r" costs?" + _E,
     r"([A-Za-z0-9\-\u4e00-\u9fff]{1,20})(?:的)?(?:单价|价格|售价|报价)",
     r"([A-Za-z0-9\-\u4e00-\u9fff]{1,20})(?:涨价|降价|提价|调价)(?:到|至|为)",
 )
-# (pattern, key); a key ending with ":" takes the captured item.
-_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    *((re.compile(pattern), key) for key, pattern in _FIXED.items()),
-    *((re.compile(pattern), "price:") for pattern in _PRICES),
+# (pattern, the shape of its value, key); a key ending with ":" takes the captured item.
+_RULES: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = (
+    *(
+        (re.compile(name), re.compile(_SHAPES.get(key, _AMOUNT)), key)
+        for key, name in _FIXED.items()
+    ),
+    *((re.compile(pattern), re.compile(_AMOUNT), "price:") for pattern in _PRICES),
 )
+# "M6 螺丝" is one item: a model number stays with the Chinese noun after it.
+_LATIN_SPACE_CJK = re.compile(r"(?<=[a-z0-9])\s+(?=[\u4e00-\u9fff])")
 # Words that come before a Chinese item without being part of it.
-_ZH_SPLIT = re.compile(r"[把将是了在和与及为对从给让请：:，,\s]")
-_ZH_PREFIXES = ("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请")
+_ZH_SPLIT = re.compile(r"[把将是了和与及为对从给让请说：:，,\s]")
+_ZH_PREFIXES = (
+    *("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请"),
+    *("供应商", "通知", "注意", "记得", "好的", "今年", "明年", "最近", "以后", "采购的"),
+)
+# Words after a Chinese item that say when, not what ("M8螺丝现在的价格").
+_ZH_SUFFIXES = ("现在", "目前", "当前", "最新", "今年", "的")
+# Chinese items that name no thing: "它的价格", "总价格", "平均价格".
+_ZH_VAGUE = frozenset(
+    {"它", "这", "这个", "那", "那个", "这些", "那些", "总", "平均", "单", "其他"}
+)
 _EN_STOP = frozenset(
     {"a", "an", "the", "our", "my", "your", "their", "new", "current", "old", "that", "this"}
     | {"these", "those", "and", "so", "then", "now", "is", "of", "for", "to", "said"}
     | {"it", "they", "we", "you", "i", "he", "she", "which", "what", "each", "will"}
+    | {"them", "both", "all", "some", "ones"}
+    | {"might", "may", "could", "would", "should", "can", "must", "does", "do", "did"}
 )
 # Words that say which kind of price, not what it is of: "the total cost", "the final price".
 _EN_VAGUE = frozenset(
@@ -115,10 +160,10 @@ def subject_of(text: str) -> str | None:
         sentence = sentence.strip()
         if not sentence or sentence[-1] in "?？" or not _VALUE.search(sentence):
             continue
-        lowered = sentence.lower()
-        for pattern, key in _RULES:
+        lowered = _LATIN_SPACE_CJK.sub("", sentence.lower())
+        for pattern, value, key in _RULES:
             for found in pattern.finditer(lowered):
-                if not _states_value(lowered[found.end() :]):
+                if not _states_value(lowered[found.end() :], value):
                     continue
                 if not key.endswith(":"):
                     return key
@@ -128,27 +173,22 @@ def subject_of(text: str) -> str | None:
     return None
 
 
-def _states_value(rest: str) -> bool:
-    """Whether the text after a subject's name links it to a value, or is one."""
+def _states_value(rest: str, value: re.Pattern[str]) -> bool:
+    """Whether the text after a subject's name links it to a ``value``, or is one."""
     if _LABELLED.match(rest):  # "IBAN GB33 ...", "电话13800138000"
-        return True
-    link = _LINK.match(rest)
-    if link is None:
-        return False
-    return _VALUE.search(rest, link.end(), link.end() + VALUE_REACH) is not None
+        start = 0
+    else:
+        link = _LINK.match(rest)
+        if link is None or _NOT_A_VALUE.match(rest, link.end()):
+            return False
+        start = link.end()
+    return value.search(rest[start : start + VALUE_REACH + 16]) is not None
 
 
 def _item(raw: str) -> str:
     """The thing a price is of, normalised: ``"the M8 bolts"`` -> ``"m8 bolt"``."""
     if re.search(r"[\u4e00-\u9fff]", raw):
-        piece = _ZH_SPLIT.split(raw.rstrip("的"))[-1]
-        changed = True
-        while changed:
-            changed = False
-            for prefix in _ZH_PREFIXES:
-                if piece.startswith(prefix) and len(piece) > len(prefix):
-                    piece, changed = piece[len(prefix) :], True
-        return piece
+        return _zh_item(raw)
     words = raw.split()
     stops = [i for i, w in enumerate(words) if w in _EN_STOP]
     words = words[stops[-1] + 1 :] if stops else words
@@ -158,3 +198,27 @@ def _item(raw: str) -> str:
     if len(last) > 3 and last.endswith("s") and not last.endswith("ss"):
         words[-1] = last[:-1]
     return " ".join(words)
+
+
+def _zh_item(raw: str) -> str:
+    """A Chinese item without the words around it: ``"供应商通知M8螺丝"`` -> ``"m8螺丝"``."""
+    piece = _ZH_SPLIT.split(_strip(raw, _ZH_SUFFIXES, from_end=True))[-1]
+    latin = re.search(r"[a-z0-9]", piece)
+    if latin is not None:  # a model number starts the item: "通知m8螺丝" -> "m8螺丝"
+        return piece[latin.start() :]
+    piece = _strip(piece, _ZH_PREFIXES, from_end=False)
+    return "" if piece in _ZH_VAGUE else piece
+
+
+def _strip(piece: str, words: tuple[str, ...], *, from_end: bool) -> str:
+    """``piece`` without any of ``words`` at its start (or end), as often as they come."""
+    changed = True
+    while changed:
+        changed = False
+        for word in words:
+            if len(piece) > len(word) and (
+                piece.endswith(word) if from_end else piece.startswith(word)
+            ):
+                piece = piece[: -len(word)] if from_end else piece[len(word) :]
+                changed = True
+    return piece
