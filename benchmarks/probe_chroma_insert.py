@@ -14,7 +14,13 @@ variants that each take one suspect away:
 * ``no-documents``: no documents (no FTS5 trigram index of the texts);
 * ``scope-only``: no documents, only the ``session_id`` and ``user_id`` metadata;
 * ``tiny-graph``: as ``scope-only`` with ``construction_ef`` 8 and ``M`` 4 (an
-  HNSW graph too poor to search well: it shows what the graph's construction costs).
+  HNSW graph too poor to search well: it shows what the graph's construction costs);
+* ``ef64``, ``ef32``: as ``package`` with ``construction_ef`` 64 or 32 (the package
+  writes 128): a cheaper graph, at the price of the index's recall.
+
+After the last window each variant reports the index's recall@10 against exact
+search, for 200 queries that are noisy copies of stored vectors (how much a
+cheaper graph loses).
 
 CPU time, not wall time, so that other processes on the machine matter less.
 
@@ -34,16 +40,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.bench_ingest import WordHashEmbedding, long_turns
 from langchain_tiered_memory.tiers.long_memory.chroma import HNSW_METADATA, chroma_settings
 
-VARIANTS = ("package", "ephemeral", "no-sync", "no-documents", "scope-only", "tiny-graph")
+VARIANTS = (
+    "package",
+    "ephemeral",
+    "no-sync",
+    "no-documents",
+    "scope-only",
+    "tiny-graph",
+    "ef64",
+    "ef32",
+)
+QUERIES = 200
 
 
 def probe(
     variant: str, texts: Sequence[str], vectors: Sequence[Any], batch: int, every: int
-) -> list[float]:
-    """CPU ms per vector of each ``every`` vectors upserted, for one variant."""
+) -> tuple[list[float], float]:
+    """CPU ms per vector of each ``every`` vectors upserted, and the index's recall@10."""
     import chromadb
 
     config: dict[str, Any] = dict(HNSW_METADATA)
@@ -51,6 +69,8 @@ def probe(
         config.update({"hnsw:sync_threshold": 1_000_000, "hnsw:batch_size": 1_000_000})
     if variant == "tiny-graph":
         config.update({"hnsw:construction_ef": 8, "hnsw:M": 4})
+    if variant in ("ef64", "ef32"):
+        config["hnsw:construction_ef"] = int(variant[2:])
     with tempfile.TemporaryDirectory(prefix="probe_chroma_") as folder:
         if variant == "ephemeral":
             client = chromadb.EphemeralClient(settings=chroma_settings())
@@ -89,8 +109,28 @@ def probe(
             if end % every == 0:
                 windows.append(spent * 1000 / every)
                 spent = 0.0
+        recall = index_recall(collection, np.asarray(vectors, dtype=np.float32))
         client.delete_collection(f"probe-{variant}")
-    return windows
+    return windows, recall
+
+
+def index_recall(collection: Any, stored: np.ndarray) -> float:
+    """Recall@10 of the collection's HNSW against exact cosine search."""
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(stored), min(QUERIES, len(stored)), replace=False)
+    noise = rng.standard_normal((len(picked), stored.shape[1])).astype(np.float32)
+    queries = stored[picked] + 0.3 * float(stored.std()) * noise
+    unit = stored / np.linalg.norm(stored, axis=1, keepdims=True)
+    asked = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = np.argsort(-(asked @ unit.T), axis=1)[:, :10]
+    found = collection.query(query_embeddings=queries, n_results=10)["ids"]
+    order = {
+        hashlib.blake2b(str(n).encode(), digest_size=16).hexdigest(): n for n in range(len(stored))
+    }
+    hits = sum(
+        len({order[i] for i in ids} & set(row)) for ids, row in zip(found, exact, strict=True)
+    )
+    return hits / exact.size
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -109,10 +149,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     vectors = WordHashEmbedding().embed_documents(texts)
     marks = list(range(args.every, args.size + 1, args.every))
     print("CPU ms per vector upserted, by collection size (vectors)")
-    print(f"{'variant':<14}" + "".join(f"{m:>9,}" for m in marks))
+    print(f"{'variant':<14}" + "".join(f"{m:>9,}" for m in marks) + "  recall@10 vs exact")
     for variant in args.variants:
-        windows = probe(variant, texts, vectors, args.batch, args.every)
-        print(f"{variant:<14}" + "".join(f"{w:>9.2f}" for w in windows), flush=True)
+        windows, recall = probe(variant, texts, vectors, args.batch, args.every)
+        shown = "".join(f"{w:>9.2f}" for w in windows)
+        print(f"{variant:<14}{shown}  {recall:.3f}", flush=True)
 
 
 if __name__ == "__main__":
