@@ -372,6 +372,11 @@ def test_custom_prompts_reach_the_llm_whatever_the_conversation_language(
     consolidator.flush(timeout=30)
     [prompt] = llm.calls.prompts
     assert prompt.startswith("HOUSE STYLE\nnow: -\nchat:\n")
+    # A house style without its own limit line gets the English one.
+    assert prompt.endswith(
+        "\nKeep the whole document under 16000 tokens: merge related points "
+        "and drop what no longer matters.\n"
+    )
     assert f"Customer: {mark(1, 'zh')}" in prompt and f"Clerk: {mark(2, 'zh')}" in prompt
     assert not any(heading in prompt for heading in ZH_HEADINGS + EN_HEADINGS)
 
@@ -693,8 +698,10 @@ def test_every_prompt_fits_its_budget_and_every_message_is_consolidated_once(
     entries = consolidator.history_entries(session)
     assert len(llm.calls.prompts) == len(entries)  # one LLM call per batch, none failed
     first = 1
+    limit = f"{budget // 2} tokens" if lang == "en" else f"{budget // 2} 个 token"
     for prompt, entry, size in zip(llm.calls.prompts, entries, sizes, strict=True):
         assert exact_tokens(prompt) <= budget  # every character counted, no sampling
+        assert limit in prompt  # the model is told how long MEMORY.md may be
         assert "[RAW]" not in entry.splitlines()[1]
         for n in range(first, first + size):  # the LLM saw every message it consolidated
             assert mark(n, lang) in prompt and mark(n, lang) in entry

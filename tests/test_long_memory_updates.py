@@ -143,6 +143,27 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: We want to reduce translation costs by 20%.", None),
         ("User: The liner might cost 30 EUR.", None),
         ("User: A single ride typically costs 2.50 EUR.", "price:single ride"),
+        # Verbs that lead to the value, words that end in -ed or start with "not",
+        # a statement before a question, Chinese items with a model number inside.
+        ("User: Our support email is notifications@acme.com.", "email"),
+        ("User: My email is ted@acme.com.", "email"),
+        ("User: Our address is Nottingham Road 12.", "address"),
+        ("User: The delivery address is Red Lion Street 5.", "address"),
+        ("User: The price of the M8 bolts is fixed at 0.12 EUR.", "price:m8 bolt"),
+        ("User: Our warehouse address is located at 12 Harbour Road.", "address"),
+        ("User: Our phone number is listed as 555-0100.", "phone"),
+        ("User: Our IBAN is registered as GB33 BUKB 2020 1555 5555 55.", "iban"),
+        (
+            'User: The supplier wrote "the price of M8 bolts is 0.15 EUR." Can you order?',
+            "price:m8 bolt",
+        ),
+        ("User: **Our IBAN is now GB33 BUKB 2020 1555 5555 55.** Could you update it?", "iban"),
+        ("User: Supplier says M8 bolts now cost 0.15 EUR.", "price:m8 bolt"),
+        ("用户：邮箱地址：jane@acme.com", "email"),
+        ("用户：不锈钢M8螺丝的价格是0.2元", "price:不锈钢m8螺丝"),
+        ("用户：彩色A4纸的价格是35元", "price:彩色a4纸"),
+        ("用户：小米14的价格是3999元", "price:小米14"),
+        ("用户：通知书打印的价格是1元", "price:通知书打印"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -159,9 +180,9 @@ def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | Non
     ],
 )
 def test_subject_rules_take_linear_time_on_hostile_text(text: str) -> None:
-    started = time.process_time()
+    started = time.thread_time()
     subject_of(text)
-    assert time.process_time() - started < 0.1  # 0.4 s before the item words were possessive
+    assert time.thread_time() - started < 0.1  # 0.4 s before the item words were possessive
 
 
 # -- raw mode: recency by subject ----------------------------------------------------------
@@ -562,17 +583,22 @@ def test_an_offered_id_is_applied_whatever_its_case() -> None:
         "Update #4711: order shipped on 5 May, tracking 1Z999.",
         "Update 1:56 pm - the user arrived",
         "Update Q3: revenue is up",
+        "更新 付款条件：月结60天",
     ],
 )
 def test_a_summary_that_starts_with_update_is_kept_whole(text: str) -> None:
     assert parse_update(text, {"0f" * 16}) == (text, None)
 
 
-@pytest.mark.parametrize("text", ["UPDATE " + "*" * 100_000, "UPDATE id" + " " * 100_000])
-def test_parse_update_takes_linear_time_on_hostile_answers(text: str) -> None:
-    started = time.process_time()
-    parse_update(text, {"0f" * 16})
-    assert time.process_time() - started < 0.1  # 101 s for the first before
+def test_parse_update_takes_linear_time_on_hostile_answers() -> None:
+    # Heads of 2,000 characters (what is read of an answer) that fit no form: quadratic
+    # backtracking took ~30 ms each, 101 s for 100,000 characters.
+    heads = [f"UPDATE {fill * 2_000}" for fill in ("*", " ", "`", "[", "'", "*`")]
+    heads += [f"UPDATE id{' ' * 2_000}", f"- UPDATE memory {'#' * 2_000}"]
+    started = time.thread_time()
+    for head in heads:
+        parse_update(head, {"0f" * 16})
+    assert time.thread_time() - started < 0.05
 
 
 @pytest.mark.parametrize("answer", ["UPDATE {id}:", "**UPDATE {id}**: **", "UPDATE [{id}]：  "])

@@ -104,6 +104,9 @@ class Prompts:
         context_consolidated: Header of MEMORY.md in the memory context that the
             middleware and the classic memory add to a prompt.
         context_memories: Header of the relevant memories in that context.
+        consolidation_limit: Added after the consolidation prompt, formatted with
+            ``{tokens}``: how long MEMORY.md may be (an answer past it is a failed
+            attempt). Empty: the English line.
 
     Raises:
         ValueError: If a template lacks a field it is formatted with.
@@ -119,6 +122,7 @@ class Prompts:
     context_consolidated: str
     context_memories: str
     extraction_update: str = ""
+    consolidation_limit: str = ""
 
     def __post_init__(self) -> None:
         if not self.extraction_update:  # a house style made before it existed
@@ -127,10 +131,13 @@ class Prompts:
                 "extraction_update",
                 self.extraction.replace("{conversation}", _EXISTING + "{conversation}", 1),
             )
+        if not self.consolidation_limit:  # likewise
+            object.__setattr__(self, "consolidation_limit", _LIMIT)
         for name, needed in (
             ("extraction", {"conversation"}),
             ("extraction_update", {"memories", "conversation"}),
             ("consolidation", {"memory", "conversation"}),
+            ("consolidation_limit", {"tokens"}),
         ):
             missing = needed - _fields_of(getattr(self, name))
             if missing:
@@ -148,6 +155,11 @@ class Prompts:
                 raise ValueError(msg)
 
 
+# Added after the consolidation prompt of a house style without its own limit line.
+_LIMIT = (
+    "Keep the whole document under {tokens} tokens: merge related points and drop what "
+    "no longer matters."
+)
 # Added before the conversation of a house-style extraction prompt without its own
 # extraction_update.
 _EXISTING = (
@@ -268,6 +280,7 @@ ZH = Prompts(
         "4. **待解决的问题**\n"
     ),
     consolidation_roles=ZH_ROLES,
+    consolidation_limit="整个文档不超过 {tokens} 个 token：合并相关内容，删去不再重要的内容。",
     continue_prompt=(
         "你上一条回答因输出长度限制被截断了。"
         "请从中断处继续输出，不要重复已输出的内容，也不要加开场白。"

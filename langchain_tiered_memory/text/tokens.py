@@ -314,7 +314,8 @@ def resolve_token_counter(
 
 
 #: Tokens an extraction or consolidation prompt may take when neither the caller nor
-#: the model's profile says: fits every current chat model's context window.
+#: the model's profile says. A model with a smaller window (a local model's default
+#: context, an older API model) needs ``max_prompt_tokens`` or a ``profile``.
 DEFAULT_PROMPT_TOKENS = 32_000
 #: The smallest budget a caller may give: the prompts' own instructions take a few hundred.
 MIN_PROMPT_TOKENS = 1_000

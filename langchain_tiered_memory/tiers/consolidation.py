@@ -238,7 +238,7 @@ class MemoryConsolidator(QueueWorker):
         self.batch = batch
         self.max_prompt_tokens = budget = prompt_budget(llm, max_prompt_tokens)
         for each in [prompts] if prompts is not None else list(PROMPTS.values()):
-            check_instructions("consolidation", each.consolidation, {"memory": ""}, budget)
+            check_instructions("consolidation", self._template(each), {"memory": ""}, budget)
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.retry_base_delay = retry_base_delay
@@ -362,9 +362,15 @@ class MemoryConsolidator(QueueWorker):
             lines.append(f"{labels.get(role_of(message), role_of(message))}: {text}")
         return lines
 
+    def _template(self, prompts: Prompts) -> str:
+        """The consolidation prompt, with the line that says how long MEMORY.md may be."""
+        limit = prompts.consolidation_limit.format(tokens=self.max_prompt_tokens // 2)
+        # It is formatted again with the memory and the conversation: its braces stay text.
+        return f"{prompts.consolidation}\n{limit.replace('{', '{{').replace('}', '}}')}\n"
+
     def _fitting(self, prompts: Prompts, memory: str, lines: Sequence[str]) -> int:
         """How many of the oldest ``lines`` fit the prompt's budget with ``memory`` (>= 1)."""
-        room = room_for(prompts.consolidation, {"memory": memory or "-"}, self.max_prompt_tokens)
+        room = room_for(self._template(prompts), {"memory": memory or "-"}, self.max_prompt_tokens)
         taken = 0
         for line in lines:
             room -= exact_tokens(line) + 1  # the line break
@@ -419,7 +425,7 @@ class MemoryConsolidator(QueueWorker):
         rows, conversation = rows[:taken], "\n".join(lines[:taken])
         raw = job.attempts >= self.max_attempts
         if not raw:
-            prompt = prompts.consolidation.format(memory=memory or "-", conversation=conversation)
+            prompt = self._template(prompts).format(memory=memory or "-", conversation=conversation)
             answer = call_with_timeout(
                 lambda: self.llm.invoke([HumanMessage(prompt)]), self.timeout
             )

@@ -149,8 +149,8 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
     prompt listed; matched whatever its case) is applied. Any other id (made up,
     another user's, text that looks like SQL) is refused: the new text is kept as a
     memory of its own, and nothing outside the scope is touched. A summary that
-    merely starts with "Update ...:" (not the prompt's upper-case keyword, no
-    offered id) is kept whole.
+    merely starts with "Update ...:" or "更新 ..." (not the prompt's upper-case
+    keyword, no offered id) is kept whole.
 
     Raises:
         ValueError: If the answer is an UPDATE without its new text (a failed
@@ -162,7 +162,9 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
     keyword, memory_id = found.group(1), found.group(3)
     by_case = {each.lower(): each for each in offered}
     known = by_case.get(memory_id.lower())
-    if known is None and keyword not in ("UPDATE", "更新"):
+    # Only the prompt's upper-case keyword, or an offered id, makes it an UPDATE: a
+    # summary may start "Update pricing:" or "更新 付款条件".
+    if known is None and keyword != "UPDATE":
         return text, None
     new_text = text[found.end() :].strip(_MARKUP)
     if not new_text:

@@ -126,9 +126,11 @@ class ChromaLongMemory(ExtractionWorker):
         max_attempts: Extractor attempts before the raw turn is stored instead.
         extract_timeout: Seconds one extractor call may take.
         max_prompt_tokens: Tokens one extraction prompt may take; ``None`` takes
-            the extractor's ``profile["max_input_tokens"]`` when it declares one,
-            else 32,000. A longer turn is cut in the middle for the extractor
-            (its start and end kept); the archive keeps it whole.
+            85 % of the extractor's ``profile["max_input_tokens"]`` when it declares
+            one, else 32,000 (see
+            :func:`~langchain_tiered_memory.text.tokens.prompt_budget`). A longer
+            turn is cut in the middle for the extractor (its start and end kept);
+            the archive keeps it whole.
         retry_base_delay: First backoff delay in seconds (doubles per attempt).
         poll_interval: Seconds between queue polls when idle (other processes'
             jobs); this process's own jobs wake the worker at once.

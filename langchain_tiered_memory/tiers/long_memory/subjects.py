@@ -24,8 +24,10 @@ import re
 #: A subject key is at most this long (it is indexed in the catalog).
 SUBJECT_CHARS = 120
 # A sentence ends at . ! ? ; but not at a dot inside a token ("0.12", "jane.doe@",
-# "acme.com") nor at "No." ("account No. 42").
-_SENTENCE = re.compile(r"(?:[^.!?。！？;；\n]|\.(?=[^\s.])|(?<=\b[Nn]o)\.)+[.!?。！？;；]?")
+# "acme.com"; a capital after it starts a sentence) nor at "No." ("account No. 42").
+_SENTENCE = re.compile(
+    r"(?:[^.!?。！？;；\n]|(?<=\w)\.(?=[a-z0-9])|(?<=\b[Nn]o)\.)+[.!?。！？;；]?"
+)
 _VALUE = re.compile(r"\d|@")
 #: How far after its link a stated value may start, in characters ("net 30 days",
 #: "上海市浦东新区世纪大道100号"); a number further on is about something else.
@@ -54,10 +56,13 @@ _LINK = re.compile(
     )""",
     re.VERBOSE,
 )
-# After "is"/"was": a word that says the sentence is about something else than the
-# value ("the IBAN is not ...", "payment terms were discussed on 5 May"); a verb in
-# -ed counts only when it moves the value ("was raised to 0.15").
-_NOT_A_VALUE = re.compile(r"\s*(?:not|never|no\s+longer|\w+ed\b(?!\s+(?:to|from)\b))")
+# After "is"/"was": words that say the sentence is about something else than the
+# value ("the IBAN is not ...", "payment terms were discussed on 5 May"). A verb that
+# leads to the value ("is fixed at", "is listed as", "was raised to") does not.
+_NOT_A_VALUE = re.compile(
+    r"\s*(?:(?:not|never|no\s+longer)\b"
+    r"|\w+ed\s+(?:on|in|by|with|about|during|after|before|since|until|for)\b)"
+)
 _ITEM_END = (
     r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|rose|rises|fell|falls"
     r"|dropped|drops|increased|decreased|moved|raised|=)\b|\s*[:=,(]|\s*$)"
@@ -73,7 +78,7 @@ _ITEM_START = r"(?<![a-z0-9'\-])"
 _FIXED: dict[str, str] = {
     "iban": _B + r"iban" + _E,
     "swift": _B + r"(?:swift|bic)(?: code|码|代码|" + _E + ")",
-    "email": _B + r"e-?mail(?: address)?" + _E + r"|电子邮件|邮箱",
+    "email": _B + r"e-?mail(?: address)?" + _E + r"|电子邮件(?:地址)?|邮箱(?:地址)?",
     "account number": _B
     + r"(?:bank )?account (?:number|no\.?)"
     + _E
@@ -121,10 +126,10 @@ _RULES: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = (
 _LATIN_SPACE_CJK = re.compile(r"(?<=[a-z0-9])\s+(?=[\u4e00-\u9fff])")
 # Words that come before a Chinese item without being part of it.
 _ZH_SPLIT = re.compile(r"[把将是了和与及为对从给让请说：:，,\s]")
-_ZH_PREFIXES = (
-    *("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请"),
-    *("供应商", "通知", "注意", "记得", "好的", "今年", "明年", "最近", "以后", "采购的"),
-)
+_ZH_PREFIXES = ("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请")
+# Words that lead in to a model number ("供应商通知M8螺丝"): dropped only before one, as
+# they can start an item too ("通知书").
+_ZH_LEADS = ("供应商", "通知", "注意", "记得", "好的", "今年", "明年", "最近", "以后", "采购的")
 # Words after a Chinese item that say when, not what ("M8螺丝现在的价格").
 _ZH_SUFFIXES = ("现在", "目前", "当前", "最新", "今年", "的")
 # Chinese items that name no thing: "它的价格", "总价格", "平均价格".
@@ -137,6 +142,8 @@ _EN_STOP = frozenset(
     | {"it", "they", "we", "you", "i", "he", "she", "which", "what", "each", "will"}
     | {"them", "both", "all", "some", "ones"}
     | {"might", "may", "could", "would", "should", "can", "must", "does", "do", "did"}
+    | {"says", "say", "said", "heard", "apparently", "reports", "reported", "wrote", "writes"}
+    | {"confirms", "confirmed", "told", "tells", "since", "that"}
 )
 # Words that say which kind of price, not what it is of: "the total cost", "the final price".
 _EN_VAGUE = frozenset(
@@ -203,10 +210,10 @@ def _item(raw: str) -> str:
 def _zh_item(raw: str) -> str:
     """A Chinese item without the words around it: ``"供应商通知M8螺丝"`` -> ``"m8螺丝"``."""
     piece = _ZH_SPLIT.split(_strip(raw, _ZH_SUFFIXES, from_end=True))[-1]
-    latin = re.search(r"[a-z0-9]", piece)
-    if latin is not None:  # a model number starts the item: "通知m8螺丝" -> "m8螺丝"
-        return piece[latin.start() :]
     piece = _strip(piece, _ZH_PREFIXES, from_end=False)
+    lead = re.match(f"(?:{'|'.join(_ZH_LEADS)})+(?=[a-z0-9])", piece)
+    if lead is not None:  # "供应商通知m8螺丝" -> "m8螺丝"; "不锈钢m8螺丝" stays
+        piece = piece[lead.end() :]
     return "" if piece in _ZH_VAGUE else piece
 
 
