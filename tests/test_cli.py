@@ -727,8 +727,17 @@ def test_detect_llm_picks_ollama(ollama: type[_Tags], monkeypatch: pytest.Monkey
     _fake_module(monkeypatch, "langchain_ollama", "ChatOllama")
     llm, description = detect_llm()
     host = ollama_url()
-    assert llm is not None and llm.kwargs == {"model": "qwen2.5:0.5b", "base_url": host}
-    assert description == f"Ollama qwen2.5:0.5b at {host}"
+    # Run with a context larger than the server's default, which cuts longer prompts.
+    assert llm is not None
+    assert llm.kwargs == {"model": "qwen2.5:0.5b", "base_url": host, "num_ctx": 8192}
+    assert description == f"Ollama qwen2.5:0.5b at {host} (context 8192 tokens)"
+    monkeypatch.setenv("TIERED_MEMORY_OLLAMA_NUM_CTX", "32768")
+    assert detect_llm()[0].kwargs["num_ctx"] == 32768  # type: ignore[union-attr]
+    for bad in ("lots", "512", "٣٢٠٠٠"):
+        monkeypatch.setenv("TIERED_MEMORY_OLLAMA_NUM_CTX", bad)
+        with pytest.raises(ValueError, match="TIERED_MEMORY_OLLAMA_NUM_CTX"):
+            detect_llm()
+    monkeypatch.delenv("TIERED_MEMORY_OLLAMA_NUM_CTX")
     monkeypatch.setenv("TIERED_MEMORY_OLLAMA_MODEL", "llama3.2:1b")
     llm, _ = detect_llm()
     assert llm is not None and llm.kwargs["model"] == "llama3.2:1b"

@@ -776,6 +776,10 @@ def test_the_budget_is_found_through_wrappers_and_is_the_smallest_of_fallbacks()
     assert prompt_budget(big.with_fallbacks([small]), None) == 6_800
     assert prompt_budget(RunnableLambda(str) | small, None) == 6_800
     assert prompt_budget(FakeLLM().with_retry(), None) == 32_000
+    # A local model's context (ChatOllama's num_ctx, ChatLlamaCpp's n_ctx): a longer
+    # prompt is cut from its start by the server, silently.
+    assert prompt_budget(SimpleNamespace(profile=None, num_ctx=4_096), None) == 3_481
+    assert prompt_budget(SimpleNamespace(n_ctx=8_192), None) == 6_963
 
 
 def test_a_memory_md_past_half_the_budget_is_a_failed_attempt(

@@ -26,6 +26,10 @@ from pydantic import Field
 _QUESTION = re.compile(r"^## (?:User question|用户问题)\s*\n", re.MULTILINE)
 
 DEFAULT_OPENAI_MODEL = "gpt-4o-mini"
+#: The context the CLI runs an Ollama model with (``$TIERED_MEMORY_OLLAMA_NUM_CTX``):
+#: the server's own default (2,048 or 4,096 tokens) cuts a longer prompt from its
+#: start, silently. The extraction and consolidation budgets follow it.
+DEFAULT_OLLAMA_NUM_CTX = 8192
 DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 
 
@@ -65,7 +69,8 @@ def detect_llm(*, timeout: float = 0.5) -> tuple[BaseChatModel | None, str]:
     2. An Ollama server answers ``GET /api/tags`` within ``timeout`` seconds at
        ``$OLLAMA_HOST`` (default ``http://127.0.0.1:11434``) and ``langchain-ollama``
        is installed: ``ChatOllama`` with ``$TIERED_MEMORY_OLLAMA_MODEL``, else the first
-       model the server lists.
+       model the server lists, run with a context of ``$TIERED_MEMORY_OLLAMA_NUM_CTX``
+       tokens (default :data:`DEFAULT_OLLAMA_NUM_CTX`).
 
     Args:
         timeout: Seconds to wait for Ollama.
@@ -73,6 +78,9 @@ def detect_llm(*, timeout: float = 0.5) -> tuple[BaseChatModel | None, str]:
     Returns:
         ``(model, description)``; ``model`` is ``None`` when nothing was found, and
         the description then says why each option was not used.
+
+    Raises:
+        ValueError: If ``$TIERED_MEMORY_OLLAMA_NUM_CTX`` is not a whole number.
 
     Example:
         .. code-block:: python
@@ -112,8 +120,29 @@ def detect_llm(*, timeout: float = 0.5) -> tuple[BaseChatModel | None, str]:
                     "(pip install 'langchain-tiered-memory[ollama]')"
                 )
             else:
-                return ChatOllama(model=chosen, base_url=host), f"Ollama {chosen} at {host}"
+                num_ctx = ollama_num_ctx()
+                return (
+                    ChatOllama(model=chosen, base_url=host, num_ctx=num_ctx),
+                    f"Ollama {chosen} at {host} (context {num_ctx} tokens)",
+                )
     return None, "no LLM found: " + "; ".join(reasons)
+
+
+def ollama_num_ctx() -> int:
+    """The context an Ollama model is run with: ``$TIERED_MEMORY_OLLAMA_NUM_CTX``.
+
+    Raises:
+        ValueError: If it is set to anything but a whole number from 1,024.
+    """
+    raw = os.environ.get("TIERED_MEMORY_OLLAMA_NUM_CTX", "").strip()
+    if not raw:
+        return DEFAULT_OLLAMA_NUM_CTX
+    if not raw.isascii() or not raw.isdigit() or not 1024 <= int(raw) <= 10_000_000:
+        msg = (
+            f"TIERED_MEMORY_OLLAMA_NUM_CTX must be a whole number of tokens from 1024, got {raw!r}"
+        )
+        raise ValueError(msg)
+    return int(raw)
 
 
 # -- the stand-in -------------------------------------------------------------

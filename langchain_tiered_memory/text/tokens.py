@@ -314,8 +314,9 @@ def resolve_token_counter(
 
 
 #: Tokens an extraction or consolidation prompt may take when neither the caller nor
-#: the model's profile says. A model with a smaller window (a local model's default
-#: context, an older API model) needs ``max_prompt_tokens`` or a ``profile``.
+#: the model says. A model with a smaller window that declares none (``ChatOllama``
+#: without ``num_ctx`` runs with the server's default, 2,048 or 4,096) needs
+#: ``max_prompt_tokens``, a ``profile`` or its ``num_ctx``.
 DEFAULT_PROMPT_TOKENS = 32_000
 #: The smallest budget a caller may give: the prompts' own instructions take a few hundred.
 MIN_PROMPT_TOKENS = 1_000
@@ -374,12 +375,12 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
 
     Args:
         model: The chat model (or runnable) the prompt is for.
-        max_prompt_tokens: The caller's budget; ``None`` takes the smallest
-            ``max_input_tokens`` that the model's ``profile`` declares
-            (langchain-core's model profiles; a model wrapped by ``with_retry``,
-            ``bind`` or a pipe, and every model of ``with_fallbacks``), less the
-            estimate's error (:data:`PROFILE_SHARE`); else
-            :data:`DEFAULT_PROMPT_TOKENS`.
+        max_prompt_tokens: The caller's budget; ``None`` takes the smallest input
+            limit the model declares (its ``profile``'s ``max_input_tokens``, as
+            langchain-core's model profiles give it, or the ``num_ctx``/``n_ctx`` a
+            local model runs with; through ``with_retry``, ``bind``, a pipe and
+            every model of ``with_fallbacks``), less the estimate's error
+            (:data:`PROFILE_SHARE`); else :data:`DEFAULT_PROMPT_TOKENS`.
 
     Raises:
         TypeError: If ``max_prompt_tokens`` is not an int.
@@ -392,14 +393,21 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
 
 
 def _declared_limits(model: object, depth: int) -> list[int]:
-    """The ``max_input_tokens`` that ``model`` and the models it wraps declare."""
+    """The input limits that ``model`` and the models it wraps declare.
+
+    A ``profile``'s ``max_input_tokens``, or the context a local model is run with
+    (``num_ctx`` of ``ChatOllama``, ``n_ctx`` of ``ChatLlamaCpp``): such a server
+    cuts a longer prompt from its start, silently.
+    """
     if depth > 8:
         return []
-    found: list[int] = []
     profile = getattr(model, "profile", None)
-    limit = profile.get("max_input_tokens") if isinstance(profile, Mapping) else None
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-        found.append(limit)
+    limits = [
+        profile.get("max_input_tokens") if isinstance(profile, Mapping) else None,
+        getattr(model, "num_ctx", None),
+        getattr(model, "n_ctx", None),
+    ]
+    found = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     inner = [getattr(model, "bound", None), getattr(model, "runnable", None)]
     for name in ("fallbacks", "steps"):
         wrapped = getattr(model, name, None)
