@@ -381,6 +381,15 @@ def test_custom_prompts_reach_the_llm_whatever_the_conversation_language(
     assert not any(heading in prompt for heading in ZH_HEADINGS + EN_HEADINGS)
 
 
+@pytest.mark.parametrize(
+    "limit",
+    ["Under {tokens} tokens for {user}.", "Under {tokens} tokens {}.", 'e.g. {"a": 1} {tokens}'],
+)
+def test_a_limit_line_that_cannot_be_formatted_is_refused_by_name(limit: str) -> None:
+    with pytest.raises(ValueError, match="the consolidation_limit prompt cannot be formatted"):
+        replace(PROMPTS["en"], consolidation_limit=limit)
+
+
 def test_a_prompt_without_its_fields_is_refused() -> None:
     with pytest.raises(ValueError, match="memory"):
         replace(PROMPTS["zh"], consolidation="只有 {conversation}")
@@ -776,10 +785,21 @@ def test_the_budget_is_found_through_wrappers_and_is_the_smallest_of_fallbacks()
     assert prompt_budget(big.with_fallbacks([small]), None) == 6_800
     assert prompt_budget(RunnableLambda(str) | small, None) == 6_800
     assert prompt_budget(FakeLLM().with_retry(), None) == 32_000
-    # A local model's context (ChatOllama's num_ctx, ChatLlamaCpp's n_ctx): a longer
-    # prompt is cut from its start by the server, silently.
-    assert prompt_budget(SimpleNamespace(profile=None, num_ctx=4_096), None) == 3_481
-    assert prompt_budget(SimpleNamespace(n_ctx=8_192), None) == 6_963
+    # A local model's whole context (ChatOllama's num_ctx, ChatLlamaCpp's n_ctx) holds
+    # the answer too: the prompt takes 55 %, a MEMORY.md answer at most half of that.
+    assert prompt_budget(SimpleNamespace(profile=None, num_ctx=8_192), None) == 4_505
+    assert prompt_budget(SimpleNamespace(n_ctx=4_096), None) == 2_252
+    local = FakeLLM()
+    object.__setattr__(local, "num_ctx", 8_192)  # as ChatOllama(num_ctx=8192) holds it
+    big = FakeLLM(profile={"max_input_tokens": 128_000})
+    assert prompt_budget(big.with_fallbacks([local]), None) == 4_505
+
+
+def test_a_local_model_too_small_for_the_prompts_is_refused_by_name() -> None:
+    tiny = FakeLLM()
+    object.__setattr__(tiny, "n_ctx", 512)  # ChatLlamaCpp's default context
+    with pytest.raises(ValueError, match=r"prompt budget \(281: .*num_ctx\)"):
+        MemoryConsolidator(tiny, start_worker=False)
 
 
 def test_a_memory_md_past_half_the_budget_is_a_failed_attempt(

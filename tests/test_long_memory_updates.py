@@ -164,6 +164,16 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("用户：彩色A4纸的价格是35元", "price:彩色a4纸"),
         ("用户：小米14的价格是3999元", "price:小米14"),
         ("用户：通知书打印的价格是1元", "price:通知书打印"),
+        ("User: My e-mail is Jane.Doe@Acme.com.", "email"),
+        ("用户：邮箱是Zhang.Wei@example.com", "email"),
+        ("User: The price of M8 bolts was increased by 0.03 EUR.", "price:m8 bolt"),
+        ("User: The TPS reports cost 5 EUR each.", "price:tps report"),
+        ("用户：最近大米的价格是5元。", "price:大米"),
+        ("用户：采购的大米单价是5元。", "price:大米"),
+        ("User: The payment terms were discussed yesterday at 3 pm.", None),
+        ("User: The credit limit was reviewed last week, 3 changes were proposed.", None),
+        ("User: The address was confirmed yesterday by 2 managers.", None),
+        ("User: The price of the M8 bolts was mentioned twice in 2 meetings.", None),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -563,11 +573,23 @@ def test_parse_update_applies_only_an_offered_id() -> None:
         "更新 [{id}]：net 60",
         "**UPDATE [{id}]:** net 60",
         "UPDATE `{id}`: `net 60`",
+        "UPDATE {id}. net 60",
+        "UPDATE {id}, net 60",
+        "UPDATE {id}; net 60",
+        "UPDATE: {id}: net 60",
     ],
 )
 def test_an_update_in_the_forms_models_write_is_applied(answer: str) -> None:
     memory_id = "0f" * 16
     assert parse_update(answer.format(id=memory_id), {memory_id}) == ("net 60", memory_id)
+
+
+def test_an_update_of_a_name_not_offered_keeps_the_name() -> None:
+    # "UPDATE ACME:" names what changed: kept whole; a made-up id is dropped.
+    offered = {"0f" * 16}
+    text = "UPDATE ACME: the IBAN is now GB33"
+    assert parse_update(text, offered) == (text, None)
+    assert parse_update("UPDATE deadbeef42: net 60", offered) == ("net 60", None)
 
 
 def test_an_offered_id_is_applied_whatever_its_case() -> None:
@@ -584,6 +606,8 @@ def test_an_offered_id_is_applied_whatever_its_case() -> None:
         "Update 1:56 pm - the user arrived",
         "Update Q3: revenue is up",
         "更新 付款条件：月结60天",
+        "UPDATE: the meeting moved to 5 pm",
+        "UPDATE the team. All good",
     ],
 )
 def test_a_summary_that_starts_with_update_is_kept_whole(text: str) -> None:
@@ -593,7 +617,7 @@ def test_a_summary_that_starts_with_update_is_kept_whole(text: str) -> None:
 def test_parse_update_takes_linear_time_on_hostile_answers() -> None:
     # Heads of 2,000 characters (what is read of an answer) that fit no form: quadratic
     # backtracking took ~30 ms each, 101 s for 100,000 characters.
-    heads = [f"UPDATE {fill * 2_000}" for fill in ("*", " ", "`", "[", "'", "*`")]
+    heads = [f"UPDATE {fill * 2_000}" for fill in ("*", " ", "`", "[", "'", "*`", ":", ".")]
     heads += [f"UPDATE id{' ' * 2_000}", f"- UPDATE memory {'#' * 2_000}"]
     started = time.thread_time()
     for head in heads:

@@ -143,6 +143,14 @@ class Prompts:
             if missing:
                 msg = f"the {name} prompt needs the field(s) {sorted(missing)}"
                 raise ValueError(msg)
+            try:  # other fields, positional ones or format specs fail here, not in a worker
+                getattr(self, name).format(**dict.fromkeys(needed, "1"))
+            except (KeyError, IndexError, ValueError, AttributeError) as exc:
+                msg = (
+                    f"the {name} prompt cannot be formatted with only {sorted(needed)} "
+                    f"({type(exc).__name__}: {exc}); write a literal brace as {{{{ or }}}}"
+                )
+                raise ValueError(msg) from None
         for name in ("extraction_roles", "consolidation_roles"):
             roles = getattr(self, name)
             if not {"human", "ai"} <= roles.keys():

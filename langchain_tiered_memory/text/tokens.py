@@ -323,6 +323,10 @@ MIN_PROMPT_TOKENS = 1_000
 #: Share of a model's declared input limit a prompt takes: room for the estimate's
 #: error against the model's own tokenizer (within 15 %, ``bench_tokens``).
 PROFILE_SHARE = 0.85
+#: Share of a local model's whole context (``num_ctx``, ``n_ctx``) a prompt takes: the
+#: answer is counted in the same window, and a MEMORY.md answer may take half the
+#: prompt's budget (0.55 + 0.275 of the window, within the estimate's error).
+WINDOW_SHARE = 0.55
 #: Text counted at once when a budget is filled from one end of a text.
 _CHUNK = 4096
 _CUT = " … "
@@ -365,7 +369,8 @@ def check_instructions(what: str, template: str, fields: Mapping[str, str], budg
     if fixed > budget // 2:
         msg = (
             f"the {what} prompt's instructions take {fixed} tokens, more than half of "
-            f"the prompt budget ({budget}: max_prompt_tokens, or the model's profile)"
+            f"the prompt budget ({budget}: max_prompt_tokens, or the model's profile or "
+            "num_ctx)"
         )
         raise ValueError(msg)
 
@@ -380,7 +385,8 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
             langchain-core's model profiles give it, or the ``num_ctx``/``n_ctx`` a
             local model runs with; through ``with_retry``, ``bind``, a pipe and
             every model of ``with_fallbacks``), less the estimate's error
-            (:data:`PROFILE_SHARE`); else :data:`DEFAULT_PROMPT_TOKENS`.
+            (:data:`PROFILE_SHARE`) and, for a whole context, the answer's room
+            (:data:`WINDOW_SHARE`); else :data:`DEFAULT_PROMPT_TOKENS`.
 
     Raises:
         TypeError: If ``max_prompt_tokens`` is not an int.
@@ -388,26 +394,31 @@ def prompt_budget(model: object, max_prompt_tokens: int | None) -> int:
     """
     if max_prompt_tokens is not None:
         return check_int("max_prompt_tokens", max_prompt_tokens, MIN_PROMPT_TOKENS)
-    limits = _declared_limits(model, depth=0)
-    return max(int(min(limits) * PROFILE_SHARE), 1) if limits else DEFAULT_PROMPT_TOKENS
+    budgets = _declared_budgets(model, depth=0)
+    return max(min(budgets), 1) if budgets else DEFAULT_PROMPT_TOKENS
 
 
-def _declared_limits(model: object, depth: int) -> list[int]:
-    """The input limits that ``model`` and the models it wraps declare.
+def _declared_budgets(model: object, depth: int) -> list[int]:
+    """The prompt budgets the limits of ``model`` and of the models it wraps allow.
 
-    A ``profile``'s ``max_input_tokens``, or the context a local model is run with
-    (``num_ctx`` of ``ChatOllama``, ``n_ctx`` of ``ChatLlamaCpp``): such a server
-    cuts a longer prompt from its start, silently.
+    A ``profile``'s ``max_input_tokens`` counts the prompt alone; the context a
+    local model is run with (``num_ctx`` of ``ChatOllama``, ``n_ctx`` of
+    ``ChatLlamaCpp``) counts the answer too, and such a server cuts a longer prompt
+    from its start, silently.
     """
     if depth > 8:
         return []
     profile = getattr(model, "profile", None)
-    limits = [
-        profile.get("max_input_tokens") if isinstance(profile, Mapping) else None,
-        getattr(model, "num_ctx", None),
-        getattr(model, "n_ctx", None),
+    shares = [
+        (profile.get("max_input_tokens") if isinstance(profile, Mapping) else None, PROFILE_SHARE),
+        (getattr(model, "num_ctx", None), WINDOW_SHARE),
+        (getattr(model, "n_ctx", None), WINDOW_SHARE),
     ]
-    found = [n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    found = [
+        int(limit * share)
+        for limit, share in shares
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    ]
     inner = [getattr(model, "bound", None), getattr(model, "runnable", None)]
     for name in ("fallbacks", "steps"):
         wrapped = getattr(model, name, None)
@@ -415,7 +426,7 @@ def _declared_limits(model: object, depth: int) -> list[int]:
             inner.extend(wrapped)
     for each in inner:
         if each is not None and each is not model:
-            found.extend(_declared_limits(each, depth + 1))
+            found.extend(_declared_budgets(each, depth + 1))
     return found
 
 

@@ -34,17 +34,20 @@ _NAME = r"(?:(?:memory\s+id|memory|id)\s*+[:=\#]?+\s*+|\#)?+"
 _UPDATE = re.compile(
     rf"""(?:[\s*_`\#>]|[-•]\s|\d{{1,3}}[.)]\s)*+
     (update|更新)
-    (?:[\s*_`"'“”]++|(?=[\[<(【（「]))
+    (?:[\s*_`"'“”:：]++|(?=[\[<(【（「]))
     {_NAME}
     ([\[<(【（「"'`*]*+)
     {_NAME}
-    ([^\s:：\]>)】）」"'`*,，]{{1,200}}+)
+    ([^\s:：\]>)】）」"'`*,，.;；]{{1,200}}+)
     [\]>)】）」"'`*]*+
-    (?:[ \t]*+(?:[:：=]++>?+|[-–—]++>?+|→|\n)|(?<=[\]>)】）」])[ \t]++)
+    (?:[ \t]*+(?:[:：=.,;；，]++>?+|[-–—]++>?+|→|\n)|(?<=[\]>)】）」])[ \t]++)
     """,
     re.IGNORECASE | re.VERBOSE,
 )
 _MARKUP = "*_`> \t\n"
+# What a made-up memory id looks like (ours are 32 hex digits): letters and digits, or
+# a long run of hex.
+_ID_LIKE = re.compile(r"(?=[\w-]*\d)[\w-]{6,}|[0-9a-fA-F]{16,}")
 #: Memory texts shown to the extractor are cut to this many characters each.
 NEIGHBOUR_CHARS = 500
 
@@ -162,9 +165,10 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
     keyword, memory_id = found.group(1), found.group(3)
     by_case = {each.lower(): each for each in offered}
     known = by_case.get(memory_id.lower())
-    # Only the prompt's upper-case keyword, or an offered id, makes it an UPDATE: a
-    # summary may start "Update pricing:" or "更新 付款条件".
-    if known is None and keyword != "UPDATE":
+    # Only the prompt's upper-case keyword with something that looks like an id, or an
+    # offered id, makes it an UPDATE: a summary may start "Update pricing:",
+    # "UPDATE ACME: the IBAN is now ..." or "更新 付款条件".
+    if known is None and (keyword != "UPDATE" or not _ID_LIKE.fullmatch(memory_id)):
         return text, None
     new_text = text[found.end() :].strip(_MARKUP)
     if not new_text:

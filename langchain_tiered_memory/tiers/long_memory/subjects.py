@@ -23,11 +23,9 @@ import re
 
 #: A subject key is at most this long (it is indexed in the catalog).
 SUBJECT_CHARS = 120
-# A sentence ends at . ! ? ; but not at a dot inside a token ("0.12", "jane.doe@",
-# "acme.com"; a capital after it starts a sentence) nor at "No." ("account No. 42").
-_SENTENCE = re.compile(
-    r"(?:[^.!?。！？;；\n]|(?<=\w)\.(?=[a-z0-9])|(?<=\b[Nn]o)\.)+[.!?。！？;；]?"
-)
+# A sentence ends at . ! ? ; but not at a dot inside a token ("0.12", "Jane.Doe@",
+# "acme.com") nor at "No." ("account No. 42").
+_SENTENCE = re.compile(r"(?:[^.!?。！？;；\n]|(?<=\w)\.(?=\w)|(?<=\b[Nn]o)\.)+[.!?。！？;；]?")
 _VALUE = re.compile(r"\d|@")
 #: How far after its link a stated value may start, in characters ("net 30 days",
 #: "上海市浦东新区世纪大道100号"); a number further on is about something else.
@@ -61,7 +59,8 @@ _LINK = re.compile(
 # leads to the value ("is fixed at", "is listed as", "was raised to") does not.
 _NOT_A_VALUE = re.compile(
     r"\s*(?:(?:not|never|no\s+longer)\b"
-    r"|\w+ed\s+(?:on|in|by|with|about|during|after|before|since|until|for)\b)"
+    r"|\w+ed\s+(?:on|in|with|about|during|after|before|since|until|for|yesterday|today"
+    r"|last|again|twice|once|recently|earlier|already|\w+ly)\b)"
 )
 _ITEM_END = (
     r"(?=\s+(?:is|are|was|were|has|have|now|will|changed|went|goes|rose|rises|fell|falls"
@@ -126,10 +125,13 @@ _RULES: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = (
 _LATIN_SPACE_CJK = re.compile(r"(?<=[a-z0-9])\s+(?=[\u4e00-\u9fff])")
 # Words that come before a Chinese item without being part of it.
 _ZH_SPLIT = re.compile(r"[把将是了和与及为对从给让请说：:，,\s]")
-_ZH_PREFIXES = ("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请")
+_ZH_PREFIXES = (
+    *("现在", "目前", "最新", "新的", "我们", "你们", "他们", "公司", "记住", "请"),
+    *("注意", "记得", "好的", "今年", "明年", "最近", "以后", "采购的"),
+)
 # Words that lead in to a model number ("供应商通知M8螺丝"): dropped only before one, as
-# they can start an item too ("通知书").
-_ZH_LEADS = ("供应商", "通知", "注意", "记得", "好的", "今年", "明年", "最近", "以后", "采购的")
+# they can start an item too ("通知书", "供应商名录").
+_ZH_LEADS = ("供应商", "通知")
 # Words after a Chinese item that say when, not what ("M8螺丝现在的价格").
 _ZH_SUFFIXES = ("现在", "目前", "当前", "最新", "今年", "的")
 # Chinese items that name no thing: "它的价格", "总价格", "平均价格".
@@ -142,8 +144,8 @@ _EN_STOP = frozenset(
     | {"it", "they", "we", "you", "i", "he", "she", "which", "what", "each", "will"}
     | {"them", "both", "all", "some", "ones"}
     | {"might", "may", "could", "would", "should", "can", "must", "does", "do", "did"}
-    | {"says", "say", "said", "heard", "apparently", "reports", "reported", "wrote", "writes"}
-    | {"confirms", "confirmed", "told", "tells", "since", "that"}
+    | {"says", "said", "heard", "apparently", "reported", "wrote", "confirmed", "told"}
+    | {"since", "that"}
 )
 # Words that say which kind of price, not what it is of: "the total cost", "the final price".
 _EN_VAGUE = frozenset(
