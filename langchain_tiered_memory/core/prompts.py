@@ -360,6 +360,11 @@ def prompts_for(language: str) -> Prompts:
         raise ValueError(msg) from None
 
 
+def prompts_in_use(prompts: Prompts | None) -> list[Prompts]:
+    """The prompts a tier may send: its own ``prompts``, else every language's."""
+    return [prompts] if prompts is not None else list(PROMPTS.values())
+
+
 __all__ = [
     "CONSOLIDATED_HEADER",
     "EN",
@@ -371,4 +376,5 @@ __all__ = [
     "Prompts",
     "memory_line",
     "prompts_for",
+    "prompts_in_use",
 ]

@@ -45,7 +45,7 @@ from sqlalchemy import delete, func, insert, select, update
 
 from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
-from langchain_tiered_memory.core.prompts import EN, PROMPTS, Prompts, prompts_for
+from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for, prompts_in_use
 from langchain_tiered_memory.core.turns import call_text, role_of, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     check_int,
@@ -179,8 +179,9 @@ class MemoryConsolidator(QueueWorker):
             cursor.
         batch: How many of the oldest messages one consolidation takes at most.
         max_prompt_tokens: Tokens one consolidation prompt (MEMORY.md and the
-            batch) may take; ``None`` takes 85 % of the model's
-            ``profile["max_input_tokens"]`` when it declares one, else 32,000 (see
+            batch) may take; ``None`` takes what the model's declared limits allow
+            (85 % of ``profile["max_input_tokens"]``, 55 % of a local model's
+            ``num_ctx``), else 32,000 (see
             :func:`~langchain_tiered_memory.text.tokens.prompt_budget`). A batch
             that would not fit takes fewer messages (at least one); the rest go to
             the next batch. A MEMORY.md answer past half of it is a failed attempt.
@@ -237,7 +238,7 @@ class MemoryConsolidator(QueueWorker):
         self.threshold = threshold
         self.batch = batch
         self.max_prompt_tokens = budget = prompt_budget(llm, max_prompt_tokens)
-        for each in [prompts] if prompts is not None else list(PROMPTS.values()):
+        for each in prompts_in_use(prompts):
             check_instructions("consolidation", self._template(each), {"memory": ""}, budget)
         self.max_attempts = max_attempts
         self.timeout = timeout

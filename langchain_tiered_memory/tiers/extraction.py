@@ -121,7 +121,7 @@ def offerable(
 
 
 def extraction_prompt(
-    messages: Sequence[BaseMessage],
+    conversation: str,
     prompts: Prompts,
     memories: Sequence[tuple[str, str]] = (),
     max_tokens: int | None = None,
@@ -129,7 +129,7 @@ def extraction_prompt(
     """The v3 extraction prompt for a turn.
 
     Args:
-        messages: The turn.
+        conversation: The turn as :func:`format_turn` writes it.
         prompts: Its prompts: ``prompts.extraction``, or with ``memories``
             ``prompts.extraction_update``, which offers them for ``UPDATE``.
         memories: ``(id, text)`` of the scope's memories the model may update
@@ -139,7 +139,6 @@ def extraction_prompt(
             the archive keeps it whole.
     """
     template, fields = _template(prompts, memories)
-    conversation = format_turn(messages, prompts)
     if max_tokens is not None:
         conversation = cut_to_tokens(conversation, max(room_for(template, fields, max_tokens), 0))
     return template.format(conversation=conversation, **fields)

@@ -126,8 +126,9 @@ class ChromaLongMemory(ExtractionWorker):
         max_attempts: Extractor attempts before the raw turn is stored instead.
         extract_timeout: Seconds one extractor call may take.
         max_prompt_tokens: Tokens one extraction prompt may take; ``None`` takes
-            85 % of the extractor's ``profile["max_input_tokens"]`` when it declares
-            one, else 32,000 (see
+            what the extractor's declared limits allow (85 % of
+            ``profile["max_input_tokens"]``, 55 % of a local model's ``num_ctx``),
+            else 32,000 (see
             :func:`~langchain_tiered_memory.text.tokens.prompt_budget`). A longer
             turn is cut in the middle for the extractor (its start and end kept);
             the archive keeps it whole.

@@ -29,7 +29,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
-from langchain_tiered_memory.core.prompts import PROMPTS, Prompts
+from langchain_tiered_memory.core.prompts import Prompts, prompts_in_use
 from langchain_tiered_memory.core.turns import role_of
 from langchain_tiered_memory.core.validation import InvalidSessionDateError, session_date
 from langchain_tiered_memory.storage.archive import ArchiveUnavailableError
@@ -321,7 +321,7 @@ class ExtractionWorker(QueueWorker):
         self.extract_timeout = extract_timeout
         self.max_prompt_tokens = prompt_budget(extractor, max_prompt_tokens)
         if extractor is not None:
-            for each in [prompts] if prompts is not None else list(PROMPTS.values()):
+            for each in prompts_in_use(prompts):
                 check_extraction_prompts(each, self.max_prompt_tokens)
         self.retry_base_delay = retry_base_delay
         self.idle_seconds = idle_seconds
@@ -364,9 +364,11 @@ class ExtractionWorker(QueueWorker):
         if self.extractor is None or job.attempts >= self.max_attempts:
             raw = format_turn(turn, prompts)
             return (storable(raw) if raw else None), "raw", None
-        nearest = self.nearest(job, format_turn(turn, prompts), own_id)
-        offered = offerable(prompts, nearest, self.max_prompt_tokens)
-        prompt = extraction_prompt(turn, prompts, offered, self.max_prompt_tokens)
+        conversation = format_turn(turn, prompts)  # a pasted document: formatted once
+        offered = offerable(
+            prompts, self.nearest(job, conversation, own_id), self.max_prompt_tokens
+        )
+        prompt = extraction_prompt(conversation, prompts, offered, self.max_prompt_tokens)
         extractor = self.extractor
         answer = call_with_timeout(lambda: extractor.invoke(prompt), self.extract_timeout)
         text = parse_extraction(answer)
