@@ -10,6 +10,7 @@ prompt offers the scope's nearest memories and the model may answer
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -540,10 +541,10 @@ def test_an_id_that_was_not_offered_is_never_applied(
 
 def test_parse_update_applies_only_an_offered_id() -> None:
     offered = {"a" * 32}
-    assert parse_update(f"UPDATE {'a' * 32}: net 60", offered) == ("net 60", "a" * 32)
-    assert parse_update(f"update [{'a' * 32}]： 月结60天", offered) == ("月结60天", "a" * 32)
-    assert parse_update(f"UPDATE {'b' * 32}: net 60", offered) == ("net 60", None)
-    assert parse_update("net 60 days", offered) == ("net 60 days", None)
+    assert parse_update(f"UPDATE {'a' * 32}: net 60", offered) == ("net 60", ("a" * 32,))
+    assert parse_update(f"update [{'a' * 32}]： 月结60天", offered) == ("月结60天", ("a" * 32,))
+    assert parse_update(f"UPDATE {'b' * 32}: net 60", offered) == ("net 60", ())
+    assert parse_update("net 60 days", offered) == ("net 60 days", ())
 
 
 @pytest.mark.parametrize(
@@ -581,20 +582,23 @@ def test_parse_update_applies_only_an_offered_id() -> None:
 )
 def test_an_update_in_the_forms_models_write_is_applied(answer: str) -> None:
     memory_id = "0f" * 16
-    assert parse_update(answer.format(id=memory_id), {memory_id}) == ("net 60", memory_id)
+    assert parse_update(answer.format(id=memory_id), {memory_id}) == ("net 60", (memory_id,))
 
 
 def test_an_update_of_a_name_not_offered_keeps_the_name() -> None:
     # "UPDATE ACME:" names what changed: kept whole; a made-up id is dropped.
     offered = {"0f" * 16}
     text = "UPDATE ACME: the IBAN is now GB33"
-    assert parse_update(text, offered) == (text, None)
-    assert parse_update("UPDATE deadbeef42: net 60", offered) == ("net 60", None)
+    assert parse_update(text, offered) == (text, ())
+    assert parse_update("UPDATE deadbeef42: net 60", offered) == ("net 60", ())
 
 
 def test_an_offered_id_is_applied_whatever_its_case() -> None:
     memory_id = "0f" * 16
-    assert parse_update(f"UPDATE {memory_id.upper()}: net 60", {memory_id}) == ("net 60", memory_id)
+    assert parse_update(f"UPDATE {memory_id.upper()}: net 60", {memory_id}) == (
+        "net 60",
+        (memory_id,),
+    )
 
 
 @pytest.mark.parametrize(
@@ -611,7 +615,7 @@ def test_an_offered_id_is_applied_whatever_its_case() -> None:
     ],
 )
 def test_a_summary_that_starts_with_update_is_kept_whole(text: str) -> None:
-    assert parse_update(text, {"0f" * 16}) == (text, None)
+    assert parse_update(text, {"0f" * 16}) == (text, ())
 
 
 def test_parse_update_takes_linear_time_on_hostile_answers() -> None:
@@ -630,3 +634,102 @@ def test_an_update_without_its_new_text_is_a_failed_attempt(answer: str) -> None
     memory_id = "0f" * 16
     with pytest.raises(ValueError, match="without the new text"):
         parse_update(answer.format(id=memory_id), {memory_id})
+
+
+def test_an_answer_may_update_several_memories_a_line_each() -> None:
+    first, second, third = "0f" * 16, "ab" * 16, "cd" * 16
+    offered = {first, second, third}
+    answer = (
+        "The supplier changed two things.\n"
+        f"- UPDATE [{first}]: Payment terms with ACME are net 60.\n"
+        f"- UPDATE [{second}]: ACME's IBAN is GB33 BUKB 2020 1555 5555 55.\n"
+        f"- UPDATE [{first}]: Payment terms with ACME are net 60 from May.\n"
+        "UPDATE deadbeef42: a made-up id keeps its text only"
+    )
+    assert parse_update(answer, offered) == (
+        "The supplier changed two things.\n"
+        "Payment terms with ACME are net 60.\n"
+        "ACME's IBAN is GB33 BUKB 2020 1555 5555 55.\n"
+        "Payment terms with ACME are net 60 from May.\n"
+        "a made-up id keeps its text only",
+        (first, second),
+    )
+    # Chinese, and an update whose new text is NONE (nothing changed about it).
+    answer = (
+        f"UPDATE {first}：付款条件改为月结60天\nUPDATE {third}: NONE\n更新 [{second}]：IBAN改为GB33"
+    )
+    assert parse_update(answer, offered) == ("付款条件改为月结60天\nIBAN改为GB33", (first, second))
+    assert parse_update(f"UPDATE {first}: NONE\n\nUPDATE {second}: none.", offered) == (None, ())
+    with pytest.raises(ValueError, match="without the new text"):
+        parse_update(f"UPDATE {first}: net 60\nUPDATE {second}:", offered)
+
+
+def test_parse_update_takes_linear_time_on_hostile_lines() -> None:
+    # Every line start is read: a run of blank lines or of heads that fit no form
+    # must not be read again from each line.
+    memory_id = "0f" * 16
+    texts = [
+        "\n" * 100_000,
+        "UPDATE\n" * 20_000,
+        "- \n" * 50_000,
+        f"UPDATE {memory_id}\n" + "*\n" * 50_000,
+        "UPDATE " + " \n" * 50_000,
+        "> " * 50_000,
+    ]
+    started = time.thread_time()
+    for text in texts:
+        with contextlib.suppress(ValueError):  # a head without text
+            parse_update(text, {memory_id})
+    assert time.thread_time() - started < 0.5
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "question", "changes"),
+    [
+        (
+            "Payment terms with ACME are net 30 days.",
+            "ACME's IBAN is DE89 3704 0044 0532 0130 00.",
+            "ACME now wants net 60 and paid to GB33 BUKB 2020 1555 5555 55.",
+            ("Payment terms with ACME are net 60 days.", "ACME's IBAN is GB33 BUKB 2020."),
+        ),
+        (
+            "和ACME的付款条件是月结30天。",
+            "ACME的IBAN是DE89 3704 0044。",
+            "ACME改成月结60天，付款到GB33 BUKB 2020。",
+            ("和ACME的付款条件是月结60天。", "ACME的IBAN是GB33 BUKB 2020。"),
+        ),
+    ],
+)
+def test_one_turn_that_changes_two_memories_supersedes_both(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    first: str,
+    second: str,
+    question: str,
+    changes: tuple[str, str],
+) -> None:
+    def respond(prompt: str) -> str:
+        offered = dict(
+            (text.removeprefix("Summary: "), memory_id)
+            for memory_id, text in re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
+        )
+        if len(offered) < 2:
+            return "Summary: " + prompt.split("User: ", 1)[-1].split("用户: ", 1)[-1].split("\n")[0]
+        pairs = zip((first, second), changes, strict=True)
+        lines = [f"UPDATE [{offered[old]}]: {new}" for old, new in pairs]
+        return "\n".join([*lines, f"UPDATE [{offered[first]}]: NONE"])
+
+    memory = make_memory(extractor=extractor(respond))
+    tell(backup, memory, "s1", first)
+    memory.run_pending()
+    tell(backup, memory, "s2", second)
+    memory.run_pending()
+    tell(backup, memory, "s3", question)
+    memory.run_pending()
+
+    [one] = catalog(backup, "s1")
+    [two] = catalog(backup, "s2")
+    [new] = catalog(backup, "s3")
+    assert new.text == "\n".join(changes)  # no "UPDATE" or ids in what is stored
+    assert one.superseded_by == two.superseded_by == new.id  # both kept, both marked
+    assert first in one.text and second in two.text

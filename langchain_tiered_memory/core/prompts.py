@@ -92,7 +92,7 @@ class Prompts:
         extraction_update: The extraction prompt when the scope already holds
             memories near the turn; formatted with ``{memories}`` (``[id] text``
             lines) and ``{conversation}``; the model may answer
-            ``UPDATE <id>: new text`` when the turn changes one of them.
+            ``UPDATE <id>: new text``, a line for each of them the turn changes.
         consolidation: The MEMORY.md update; formatted with ``{memory}`` (the
             current MEMORY.md) and ``{conversation}``.
         consolidation_roles: Speaker labels in the consolidation prompt, by role
@@ -172,7 +172,8 @@ _LIMIT = (
 # extraction_update.
 _EXISTING = (
     "Existing memories:\n{memories}\n"
-    "If the conversation changes one of them, answer only UPDATE <id>: <new text>.\n\n"
+    "If the conversation changes one of them, answer only UPDATE <id>: <new text>, "
+    "a line for each.\n\n"
 )
 
 # The speaker labels of a transcript (the consolidation prompt, the compressor's
@@ -201,7 +202,8 @@ EN = Prompts(
         "If the conversation gives a new value for what one of these memories states "
         "(a price, an account, an address, terms), answer only\n"
         "UPDATE <id>: <the memory rewritten with the new value>\n"
-        "using an id from the list above; otherwise answer with the summary.\n\n"
+        "using an id from the list above, a line for each memory it changes; otherwise "
+        "answer with the summary.\n\n"
         "{conversation}\n\nSummary:"
     ),
     extraction_roles=MappingProxyType({"human": "User", "ai": "AI"}),
@@ -273,7 +275,7 @@ ZH = Prompts(
         "已有的记忆（方括号内为 id）：\n{memories}\n\n"
         "如果对话给出了其中某条记忆所述内容（价格、账号、地址、条款等）的新值，只返回\n"
         "UPDATE <id>: <用新值改写后的记忆>\n"
-        "id 必须取自上面的列表；否则返回总结。\n\n"
+        "id 必须取自上面的列表，改了几条就写几行；否则返回总结。\n\n"
         "{conversation}\n\n总结："
     ),
     extraction_roles=MappingProxyType({"human": "用户", "ai": "AI"}),

@@ -31,8 +31,10 @@ _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
 # the prompt lists memories, needs none. Possessive quantifiers: a long run of "*" or
 # spaces that fits no form fails at once, not at every split.
 _NAME = r"(?:(?:memory\s+id|memory|id)\s*+[:=\#]?+\s*+|\#)?+"
+# Read at the start of every line: an answer may update several memories, a line each.
+# The markup before the keyword stays on its line, so a run of blank lines is read once.
 _UPDATE = re.compile(
-    rf"""(?:[\s*_`\#>]|[-•]\s|\d{{1,3}}[.)]\s)*+
+    rf"""^(?:[ \t*_`\#>]|[-•]\s|\d{{1,3}}[.)]\s)*+
     (update|更新)
     (?:[\s*_`"'“”:：]++|(?=[\[<(【（「]))
     {_NAME}
@@ -42,7 +44,7 @@ _UPDATE = re.compile(
     [\]>)】）」"'`*]*+
     (?:[ \t]*+(?:[:：=.,;；，]++>?+|[-–—]++>?+|→|\n)|(?<=[\]>)】）」])[ \t]++)
     """,
-    re.IGNORECASE | re.VERBOSE,
+    re.IGNORECASE | re.VERBOSE | re.MULTILINE,
 )
 _MARKUP = "*_`> \t\n"
 # What a made-up memory id looks like (ours are 32 hex digits): letters and digits, or
@@ -144,41 +146,60 @@ def extraction_prompt(
     return template.format(conversation=conversation, **fields)
 
 
-def parse_update(text: str, offered: Collection[str]) -> tuple[str, str | None]:
-    """A memory text and the id it updates (``None``: a new memory).
+def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple[str, ...]]:
+    """A memory text and the ids it updates (none: a new memory).
 
-    Only an id among ``offered`` (the memories of the turn's own scope that the
-    prompt listed; matched whatever its case) is applied. Any other id (made up,
-    another user's, text that looks like SQL) is refused: the new text is kept as a
-    memory of its own, and nothing outside the scope is touched. A summary that
-    merely starts with "Update ...:" or "更新 ..." (not the prompt's upper-case
-    keyword, no offered id) is kept whole.
+    Every line that starts ``UPDATE <id>:`` starts an update, up to the next such
+    line: the memory's text is what the updates say (and any summary before
+    them), and it supersedes each of their ids. Only an id among ``offered`` (the
+    memories of the turn's own scope that the prompt listed; matched whatever its
+    case) is applied. Any other id (made up, another user's, text that looks like
+    SQL) is refused: its new text is kept, and nothing outside the scope is
+    touched. A summary that merely starts with "Update ...:" or "更新 ..." (not the
+    prompt's upper-case keyword, no offered id) is kept whole.
+
+    Returns:
+        The text to store (``None``: nothing, when every update says ``NONE``)
+        and the offered ids it supersedes, in the answer's order.
 
     Raises:
-        ValueError: If the answer is an UPDATE without its new text (a failed
-            attempt: retried, then the raw turn is stored).
+        ValueError: If an UPDATE has no new text (a failed attempt: retried, then
+            the raw turn is stored).
     """
-    found = _UPDATE.match(text[:2000])
-    if found is None:
-        return text, None
-    keyword, memory_id = found.group(1), found.group(3)
     by_case = {each.lower(): each for each in offered}
-    known = by_case.get(memory_id.lower())
-    # Only the prompt's upper-case keyword with something that looks like an id, or an
-    # offered id, makes it an UPDATE: a summary may start "Update pricing:",
-    # "UPDATE ACME: the IBAN is now ..." or "更新 付款条件".
-    if known is None and (keyword != "UPDATE" or not _ID_LIKE.fullmatch(memory_id)):
-        return text, None
-    new_text = text[found.end() :].strip(_MARKUP)
-    if not new_text:
-        msg = f"the extractor answered UPDATE {memory_id[:80]!r} without the new text"
-        raise ValueError(msg)
-    if known is None:
-        logger.warning(
-            "the extractor asked to update %r, which it was not offered; stored as a new memory",
-            memory_id[:80],
-        )
-    return new_text, known
+    heads: list[tuple[re.Match[str], str | None]] = []
+    for found in _UPDATE.finditer(text):
+        keyword, memory_id = found.group(1), found.group(3)
+        known = by_case.get(memory_id.lower())
+        # Only the prompt's upper-case keyword with something that looks like an id, or
+        # an offered id, makes it an UPDATE: a summary may start "Update pricing:",
+        # "UPDATE ACME: the IBAN is now ..." or "更新 付款条件".
+        if known is not None or (keyword == "UPDATE" and _ID_LIKE.fullmatch(memory_id)):
+            heads.append((found, known))
+    if not heads:
+        return text, ()
+    parts = [text[: heads[0][0].start()].strip(_MARKUP)]
+    updates: list[str] = []
+    ends = [found.start() for found, _ in heads[1:]] + [len(text)]
+    for (found, known), end in zip(heads, ends, strict=True):
+        memory_id = found.group(3)
+        new_text = text[found.end() : end].strip(_MARKUP)
+        if not new_text:
+            msg = f"the extractor answered UPDATE {memory_id[:80]!r} without the new text"
+            raise ValueError(msg)
+        if _NONE.match(new_text):  # "UPDATE <id>: NONE": nothing new about it
+            continue
+        if known is None:
+            logger.warning(
+                "the extractor asked to update %r, which it was not offered; "
+                "stored as a new memory",
+                memory_id[:80],
+            )
+        elif known not in updates:
+            updates.append(known)
+        parts.append(new_text)
+    kept = "\n".join(part for part in parts if part)
+    return (kept or None), tuple(updates)
 
 
 def parse_extraction(answer: BaseMessage | str) -> str | None:

@@ -119,8 +119,8 @@ class Memory:
     replaces: bool = False
     #: What it states a value of (:func:`~.subjects.subject_of`), if anything.
     subject: str | None = None
-    #: A memory of its scope it replaces (an extractor's ``UPDATE <id>``).
-    supersedes: str | None = None
+    #: Memories of its scope it replaces (an extractor's ``UPDATE <id>`` lines).
+    supersedes: tuple[str, ...] = ()
 
     def metadata(self) -> dict[str, Any]:
         """The vector index metadata of this memory."""
@@ -315,8 +315,8 @@ class Catalog:
     def supersede_plan(self, written: Sequence[Memory]) -> Plan[None]:
         """Mark the memories that the batch's memories supersede (nothing is deleted).
 
-        An extractor's ``UPDATE <id>`` marks that memory, if it is of the same
-        scope (checked again here, in SQL). A memory with a subject marks the
+        An extractor's ``UPDATE <id>`` lines mark those memories, if they are of
+        the same scope (checked again here, in SQL). A memory with a subject marks the
         live memories of its scope with that subject: the older ones are
         superseded by it, and it is superseded by a newer one if the scope already
         holds one (a session imported out of order). Older and newer are by
@@ -328,10 +328,11 @@ class Catalog:
         c = self.table.c
         for memory in sorted(written, key=lambda m: m.turn_at):
             scope = self.owner_condition(memory.job.session_id, memory.job.user_id)
-            if memory.supersedes is not None and memory.supersedes != memory.id:
+            replaced = [each for each in memory.supersedes if each != memory.id]
+            if replaced:
                 yield (
                     update(self.table)
-                    .where(c.id == memory.supersedes, scope)
+                    .where(c.id.in_(replaced), scope)
                     .values(superseded_by=memory.id)
                 )
             if memory.subject is None:

@@ -358,12 +358,12 @@ class ExtractionWorker(QueueWorker):
 
     def _extract(
         self, job: Job, turn: Sequence[BaseMessage], own_id: str
-    ) -> tuple[str | None, str, str | None]:
+    ) -> tuple[str | None, str, tuple[str, ...]]:
         """The memory text of a turn, its kind (``extracted`` or ``raw``) and what it updates."""
         prompts = turn_prompts(turn, self.language, self.prompts)
         if self.extractor is None or job.attempts >= self.max_attempts:
             raw = format_turn(turn, prompts)
-            return (storable(raw) if raw else None), "raw", None
+            return (storable(raw) if raw else None), "raw", ()
         conversation = format_turn(turn, prompts)  # a pasted document: formatted once
         offered = offerable(
             prompts, self.nearest(job, conversation, own_id), self.max_prompt_tokens
@@ -373,9 +373,9 @@ class ExtractionWorker(QueueWorker):
         answer = call_with_timeout(lambda: extractor.invoke(prompt), self.extract_timeout)
         text = parse_extraction(answer)
         if text is None:
-            return None, "extracted", None
+            return None, "extracted", ()
         text, updates = parse_update(text, {memory_id for memory_id, _ in offered})
-        return storable(text), "extracted", updates
+        return (storable(text) if text else None), "extracted", updates
 
     def _process(self, jobs: Sequence[Job]) -> int:
         failed_sessions: set[str] = set()
@@ -402,7 +402,7 @@ class ExtractionWorker(QueueWorker):
             memory_id = digest(job.session_id, str(turn[0].id))[:32]
             try:
                 text, kind, updates = (
-                    self._extract(job, messages, memory_id) if messages else (None, "raw", None)
+                    self._extract(job, messages, memory_id) if messages else (None, "raw", ())
                 )
             except Exception as exc:
                 failed_sessions.add(job.session_id)
