@@ -26,6 +26,7 @@ from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.validation import SESSION_DATE_KEY
 from langchain_tiered_memory.tiers.extraction import parse_update
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory.catalog import replaces
 from langchain_tiered_memory.tiers.long_memory.subjects import subject_of
 
 from .fakes import RecordingChatModel, replies
@@ -115,7 +116,7 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: M8 bolts now cost €0.15", "price:m8 bolt"),
         ("User: M8 bolts now cost EUR 0.15", "price:m8 bolt"),
         ("User: The price of M8 bolts increased to 0.15 EUR", "price:m8 bolt"),
-        ("User: ACME's M8 bolt price is now 0.15", "price:m8 bolt"),
+        ("User: ACME's M8 bolt price is now 0.15", "price:m8 bolt of acme"),
         ("User: The price of the M8 bolts was raised to 0.15 EUR.", "price:m8 bolt"),
         ("User: Our phone number has been changed to 555-0100.", "phone"),
         ("User: Our address is now No. 5 Mill Lane", "address"),
@@ -175,6 +176,28 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: The credit limit was reviewed last week, 3 changes were proposed.", None),
         ("User: The address was confirmed yesterday by 2 managers.", None),
         ("User: The price of the M8 bolts was mentioned twice in 2 meetings.", None),
+        # Whose it is, when the sentence names an owner; ourselves, a pronoun or a
+        # time name nobody.
+        ("User: ACME's IBAN is GB33 BUKB 2020 1555 5555 55.", "iban of acme"),
+        ("User: Globex’s new IBAN is DE89 3704 0044.", "iban of globex"),
+        ("User: Payment terms with ACME are net 60 days.", "payment terms of acme"),
+        ("User: The address of the warehouse is 12 Harbour Road.", "address of warehouse"),
+        ("User: Mr. Wang's phone number is 555-0100.", "phone of wang"),
+        ("User: Our supplier ACME's bank IBAN is GB33 BUKB 2020.", "iban of acme"),
+        ("User: The payment terms for this order are net 30.", "payment terms"),
+        ("User: The credit limit for 2024 is 50,000 EUR.", "credit limit"),
+        ("User: Their IBAN is GB33 BUKB 2020.", "iban"),
+        ("User: The company's address is 5 Mill Lane.", "address"),
+        ("User: Today's price of M8 bolts is 0.12 EUR.", "price:m8 bolt"),
+        ("用户：ACME的IBAN是GB33 BUKB 2020", "iban of acme"),
+        ("用户：和ACME的付款条件是月结30天", "payment terms of acme"),
+        ("用户：供应商ACME的付款条件改为月结60天", "payment terms of acme"),
+        ("用户：张经理的电话是13800138000", "phone of 张经理"),
+        ("用户：华东仓库的收货地址是上海市浦东新区100号", "address of 华东仓库"),
+        ("用户：供应商发票请付到我们的IBAN：DE89 3704 0044", "iban"),
+        ("用户：上个月的付款条件是月结30天", "payment terms"),
+        ("用户：我们公司的收货地址是北京市朝阳区建国路88号", "address"),
+        ("用户：他们的电话是13800138000", "phone"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -253,7 +276,7 @@ def test_the_newer_value_ranks_first_and_the_older_is_kept_marked_with_its_prove
         rows[next(k for k in rows if old_text in k)],
         rows[next(k for k in rows if new_text in k)],
     )
-    assert old.subject == new.subject is not None
+    assert new.subject is not None and replaces(new.subject, old.subject)
     # Nothing merged or deleted: the old memory keeps its text, session, turn and date.
     assert len(rows) == 3
     assert old.superseded_by == new.id and new.superseded_by is None
@@ -392,6 +415,63 @@ def test_other_users_other_subjects_and_questions_are_left_alone(
         rows["User: Our IBAN is GB33 BUKB 2020."].superseded_by
         == rows["User: Correction: our IBAN is GB33 BUKB 9999."].id
     )
+
+
+@pytest.mark.parametrize(
+    ("acme", "globex", "ours", "acme_again", "nobody_named"),
+    [
+        (
+            "ACME's IBAN is DE89 3704 0044.",
+            "Globex's IBAN is FR76 3000 6000.",
+            "Our IBAN is GB33 BUKB 2020.",
+            "ACME's IBAN is now DE12 5001 0517.",
+            "The IBAN is now NL91 ABNA 0417.",
+        ),
+        (
+            "ACME的IBAN是DE89 3704 0044。",
+            "Globex的IBAN是FR76 3000 6000。",
+            "我们的IBAN是GB33 BUKB 2020。",
+            "ACME的IBAN改为DE12 5001 0517。",
+            "IBAN改为NL91 ABNA 0417。",
+        ),
+    ],
+)
+def test_a_value_of_one_owner_never_buries_another_owners(
+    make_memory: MakeMemory,
+    backup: MySQLBackup,
+    acme: str,
+    globex: str,
+    ours: str,
+    acme_again: str,
+    nobody_named: str,
+) -> None:
+    memory = make_memory()
+    for n, text in enumerate((acme, globex, ours), start=1):
+        tell(backup, memory, f"s{n}", text, f"2023-05-0{n}")
+    memory.run_pending()
+
+    def standing() -> dict[str, str | None]:
+        rows = rows_by_text(backup)
+        ids = {row.id: text.split(": ", 1)[1] for text, row in rows.items()}
+        return {ids[row.id]: ids.get(row.superseded_by or "") for row in rows.values()}
+
+    assert standing() == {acme: None, globex: None, ours: None}
+    tell(backup, memory, "s4", acme_again, "2023-06-01")
+    memory.run_pending()
+    assert standing() == {acme: acme_again, globex: None, ours: None, acme_again: None}
+    [first, *_] = memory.search("Globex IBAN", user_id="u1", scope="user", k=3)
+    assert globex in first.page_content
+    # Nobody named, with several owners in the scope: whose is unknown, so it
+    # stands beside them and supersedes only what named nobody.
+    tell(backup, memory, "s5", nobody_named, "2023-07-01")
+    memory.run_pending()
+    assert standing() == {
+        acme: acme_again,
+        globex: None,
+        ours: nobody_named,
+        acme_again: None,
+        nobody_named: None,
+    }
 
 
 def test_an_older_archive_gains_the_columns_and_their_indexes(
@@ -644,14 +724,16 @@ def test_an_answer_may_update_several_memories_a_line_each() -> None:
         f"- UPDATE [{first}]: Payment terms with ACME are net 60.\n"
         f"- UPDATE [{second}]: ACME's IBAN is GB33 BUKB 2020 1555 5555 55.\n"
         f"- UPDATE [{first}]: Payment terms with ACME are net 60 from May.\n"
-        "UPDATE deadbeef42: a made-up id keeps its text only"
+        f"UPDATE {'ef' * 16}: a made-up id keeps its text only\n"
+        "UPDATE deadbeef42: a name that is no id of ours, mid-answer, stays as written"
     )
     assert parse_update(answer, offered) == (
         "The supplier changed two things.\n"
         "Payment terms with ACME are net 60.\n"
         "ACME's IBAN is GB33 BUKB 2020 1555 5555 55.\n"
         "Payment terms with ACME are net 60 from May.\n"
-        "a made-up id keeps its text only",
+        "a made-up id keeps its text only\n"
+        "UPDATE deadbeef42: a name that is no id of ours, mid-answer, stays as written",
         (first, second),
     )
     # Chinese, and an update whose new text is NONE (nothing changed about it).
@@ -662,6 +744,56 @@ def test_an_answer_may_update_several_memories_a_line_each() -> None:
     assert parse_update(f"UPDATE {first}: NONE\n\nUPDATE {second}: none.", offered) == (None, ())
     with pytest.raises(ValueError, match="without the new text"):
         parse_update(f"UPDATE {first}: net 60\nUPDATE {second}:", offered)
+
+
+A, B = "0f" * 16, "ab" * 16
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # Windows and other line ends: an empty update is still a failed attempt
+        # (below), and no carriage return is stored.
+        (f"UPDATE {A}: price 5\r\nUPDATE {B}: acct 7", ("price 5\nacct 7", (A, B))),
+        (f"UPDATE {A}\r\nprice 5", ("price 5", (A,))),
+        (f"UPDATE {A}: x\u2028UPDATE {B}: y", ("x\ny", (A, B))),
+        # Nothing changed, however it is said; what follows is a summary of its own.
+        (
+            f"UPDATE {A}: NONE\n\nThe user asked about couriers.",
+            ("The user asked about couriers.", ()),
+        ),
+        (f"UPDATE {A}: NONE (nothing changed)", (None, ())),
+        (f"UPDATE {A}: N/A\nUPDATE {B}: unchanged.", (None, ())),
+        (f"UPDATE {A}: 无变化。", (None, ())),
+        (
+            f"UPDATE {A}: None of our suppliers accept cheques.",
+            ("None of our suppliers accept cheques.", (A,)),
+        ),
+        (f"UPDATE {A}: 无锡仓库的地址改为X路1号", ("无锡仓库的地址改为X路1号", (A,))),
+        # A summary line that merely starts with UPDATE and a name is kept as written.
+        ("Patched:\nUPDATE KB5034441: boot fix", ("Patched:\nUPDATE KB5034441: boot fix", ())),
+        ("The user ran:\nUPDATE orders_2024\n", ("The user ran:\nUPDATE orders_2024\n", ())),
+        (f"UPDATE {A}: net 60\nUPDATE deadbeef42:", ("net 60\nUPDATE deadbeef42:", (A,))),
+        # Fences and list markers are markup; the same new text is stored once.
+        (f"```text\nUPDATE {A}: NONE\n```", (None, ())),
+        (f"+ UPDATE {A}: x\n1、UPDATE {B}: y", ("x\ny", (A, B))),
+        (f"(1) UPDATE {A}: x\n\u3000UPDATE {B}: y", ("x\ny", (A, B))),
+        (f"UPDATE {A}: x\nUPDATE {B}: x", ("x", (A, B))),
+        # A made-up id of our own form, anywhere: refused, its text kept.
+        (f"UPDATE {A}: x\nUPDATE {'cd' * 16}: y", ("x\ny", (A,))),
+        (f"UPDATE {A}: x\nUPDATE {'cd' * 16}:", ("x", (A,))),
+    ],
+)
+def test_update_answers_as_models_also_write_them(
+    answer: str, expected: tuple[str | None, tuple[str, ...]]
+) -> None:
+    assert parse_update(answer, {A, B}) == expected
+
+
+@pytest.mark.parametrize("answer", [f"UPDATE {A}:\r\nUPDATE {B}: acct", f"UPDATE {A}: **\r\n"])
+def test_an_empty_update_on_windows_line_ends_is_a_failed_attempt(answer: str) -> None:
+    with pytest.raises(ValueError, match="without the new text"):
+        parse_update(answer, {A, B})
 
 
 def test_parse_update_takes_linear_time_on_hostile_lines() -> None:
@@ -675,6 +807,10 @@ def test_parse_update_takes_linear_time_on_hostile_lines() -> None:
         f"UPDATE {memory_id}\n" + "*\n" * 50_000,
         "UPDATE " + " \n" * 50_000,
         "> " * 50_000,
+        "UPDATE deadbeef42: x\n" * 10_000,
+        f"UPDATE {'cd' * 16}: x\n" * 5_000,
+        "\r\n" * 50_000,
+        "```\n" * 20_000,
     ]
     started = time.thread_time()
     for text in texts:

@@ -25,6 +25,20 @@ from langchain_tiered_memory.text.tokens import (
 logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
+# An update's first line that says nothing changed: "NONE", "NONE (nothing changed)",
+# "N/A", "unchanged", "无变化".
+_NO_CHANGE = re.compile(
+    r"\W*+(?:none|n/a|no\s+changes?|unchanged|nothing\s+(?:new|changed)"
+    r"|没有变化|无变化|没有|无|不变|未变)"
+    r"\s*+(?:$|[(\[（【\-–—:：,，;；.。!！])",  # "NONE (nothing changed)", not "None of ..."
+    re.IGNORECASE,
+)
+# Line ends as models write them: Windows, old Mac, Unicode line separators.
+_LINE_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x85]")
+# A fence line of a code block ("```", "```text"): markup, not memory.
+_FENCE = re.compile(r"^[ \t]*+```[\w-]*+[ \t]*+$\n?", re.MULTILINE)
+# Ids as this package makes them: 32 hex digits.
+_OUR_ID = re.compile(r"[0-9a-fA-F]{32}")
 # The head of an UPDATE answer, as models write it: after a list marker or markdown,
 # the keyword, the id (bracketed, quoted or named: "[id]", "<id>", "【id】",
 # "memory id", "#id"), then a colon, a dash, an arrow or a line break; "[id] text", as
@@ -34,7 +48,7 @@ _NAME = r"(?:(?:memory\s+id|memory|id)\s*+[:=\#]?+\s*+|\#)?+"
 # Read at the start of every line: an answer may update several memories, a line each.
 # The markup before the keyword stays on its line, so a run of blank lines is read once.
 _UPDATE = re.compile(
-    rf"""^(?:[ \t*_`\#>]|[-•]\s|\d{{1,3}}[.)]\s)*+
+    rf"""^(?:[ \t\u00a0\u3000*_`\#>]|[-•+]\s|\d{{1,3}}[.)]\s|\d{{1,3}}、|\(\d{{1,3}}\)\s)*+
     (update|更新)
     (?:[\s*_`"'“”:：]++|(?=[\[<(【（「]))
     {_NAME}
@@ -150,23 +164,29 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
     """A memory text and the ids it updates (none: a new memory).
 
     Every line that starts ``UPDATE <id>:`` starts an update, up to the next such
-    line: the memory's text is what the updates say (and any summary before
+    line: the memory's text is what the updates say (and any summary around
     them), and it supersedes each of their ids. Only an id among ``offered`` (the
     memories of the turn's own scope that the prompt listed; matched whatever its
     case) is applied. Any other id (made up, another user's, text that looks like
     SQL) is refused: its new text is kept, and nothing outside the scope is
-    touched. A summary that merely starts with "Update ...:" or "更新 ..." (not the
-    prompt's upper-case keyword, no offered id) is kept whole.
+    touched. A refused id is read as a head only at the answer's start or in the
+    package's own id form, so a summary line "UPDATE orders_2024 SET ..." stays as
+    written. A summary that merely starts with "Update ...:" or "更新 ..." (not the
+    prompt's upper-case keyword, no offered id) is kept whole. An update whose first
+    line says nothing changed (``NONE``, ``N/A``, ``unchanged``, ``无变化``) applies
+    nothing; the lines after it are kept as summary.
 
     Returns:
-        The text to store (``None``: nothing, when every update says ``NONE``)
-        and the offered ids it supersedes, in the answer's order.
+        The text to store (``None``: nothing, when every update says nothing
+        changed) and the offered ids it supersedes, in the answer's order.
 
     Raises:
-        ValueError: If an UPDATE has no new text (a failed attempt: retried, then
-            the raw turn is stored).
+        ValueError: If an update of an offered id has no new text (a failed
+            attempt: retried, then the raw turn is stored).
     """
+    answer, text = text, _FENCE.sub("", _LINE_BREAKS.sub("\n", text))
     by_case = {each.lower(): each for each in offered}
+    start = len(text) - len(text.lstrip(_MARKUP))  # where the answer's words start
     heads: list[tuple[re.Match[str], str | None]] = []
     for found in _UPDATE.finditer(text):
         keyword, memory_id = found.group(1), found.group(3)
@@ -174,31 +194,40 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
         # Only the prompt's upper-case keyword with something that looks like an id, or
         # an offered id, makes it an UPDATE: a summary may start "Update pricing:",
         # "UPDATE ACME: the IBAN is now ..." or "更新 付款条件".
-        if known is not None or (keyword == "UPDATE" and _ID_LIKE.fullmatch(memory_id)):
+        made_up = keyword == "UPDATE" and (
+            _OUR_ID.fullmatch(memory_id)
+            or (found.start() <= start and _ID_LIKE.fullmatch(memory_id))
+        )
+        if known is not None or made_up:
             heads.append((found, known))
     if not heads:
-        return text, ()
+        return answer, ()
     parts = [text[: heads[0][0].start()].strip(_MARKUP)]
     updates: list[str] = []
+    refused: list[str] = []
     ends = [found.start() for found, _ in heads[1:]] + [len(text)]
     for (found, known), end in zip(heads, ends, strict=True):
-        memory_id = found.group(3)
         new_text = text[found.end() : end].strip(_MARKUP)
-        if not new_text:
-            msg = f"the extractor answered UPDATE {memory_id[:80]!r} without the new text"
-            raise ValueError(msg)
-        if _NONE.match(new_text):  # "UPDATE <id>: NONE": nothing new about it
+        first_line, _, rest = new_text.partition("\n")
+        if _NO_CHANGE.match(first_line.strip(_MARKUP)) or (known is None and not new_text):
+            parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
             continue
+        if not new_text:
+            msg = f"the extractor answered UPDATE {found.group(3)[:80]!r} without the new text"
+            raise ValueError(msg)
         if known is None:
-            logger.warning(
-                "the extractor asked to update %r, which it was not offered; "
-                "stored as a new memory",
-                memory_id[:80],
-            )
+            refused.append(found.group(3)[:80])
         elif known not in updates:
             updates.append(known)
         parts.append(new_text)
-    kept = "\n".join(part for part in parts if part)
+    if refused:
+        logger.warning(
+            "the extractor asked to update %d memories it was not offered (%r...); "
+            "their text is stored as a new memory",
+            len(refused),
+            refused[0],
+        )
+    kept = "\n".join(dict.fromkeys(part for part in parts if part))  # once each, in order
     return (kept or None), tuple(updates)
 
 

@@ -24,6 +24,7 @@ from langchain_tiered_memory.storage.archive import MySQLBackup, scope_condition
 from langchain_tiered_memory.storage.base import Plan, utcnow
 from langchain_tiered_memory.storage.jobs import Job, held_by
 from langchain_tiered_memory.tiers.long_memory.chroma import PAGE
+from langchain_tiered_memory.tiers.long_memory.subjects import OWNER_SEPARATOR, family_of
 
 #: A memory is cut to this many characters (the archive keeps the whole turn): a
 #: 16 MB turn or a runaway answer would not fit a prompt, nor one MySQL packet.
@@ -93,6 +94,18 @@ def row_metadata(row: Any) -> dict[str, Any]:
         "turn_at": row.turn_at.isoformat(),
         "content_hash": row.content_hash,
     }
+
+
+def replaces(newer: str, older: str, owners: int = 1) -> bool:
+    """Whether a newer memory of subject ``newer`` supersedes an older one of ``older``.
+
+    The same subject does. One that names an owner ("ACME's IBAN") supersedes
+    that owner's only. One that names nobody ("the IBAN is now ...") supersedes
+    an owner's too when the scope's live memories of the family name one owner
+    at most (``owners``): it goes on about that one ("ACME's terms are net 30",
+    then "the terms are now net 60"); among several, whose it is is unknown.
+    """
+    return newer == older or (owners <= 1 and newer == family_of(older))
 
 
 @dataclass
@@ -317,9 +330,9 @@ class Catalog:
 
         An extractor's ``UPDATE <id>`` lines mark those memories, if they are of
         the same scope (checked again here, in SQL). A memory with a subject marks the
-        live memories of its scope with that subject: the older ones are
-        superseded by it, and it is superseded by a newer one if the scope already
-        holds one (a session imported out of order). Older and newer are by
+        live memories of its scope it replaces (:func:`replaces`): the older ones
+        are superseded by it, and it is superseded by a newer one if the scope
+        already holds one (a session imported out of order). Older and newer are by
         ``(turn_at, seq)``: turns of one session often share a date, and the
         catalog's order breaks the tie, so two memories never supersede each other
         and a batch that states a value twice ends with the last one live. One
@@ -337,9 +350,11 @@ class Catalog:
                 )
             if memory.subject is None:
                 continue
-            result = yield select(c.id, c.turn_at, c.seq, c.superseded_by).where(
+            family = family_of(memory.subject)
+            result = yield select(c.id, c.turn_at, c.seq, c.superseded_by, c.subject).where(
                 scope,
-                c.subject == memory.subject,
+                (c.subject == family)
+                | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
                 c.superseded_by.is_(None) | (c.id == memory.id),
             )
             rows = result.all()
@@ -348,8 +363,17 @@ class Catalog:
                 continue
             order = (mine.turn_at, mine.seq)
             live = [row for row in rows if row.id != memory.id and row.superseded_by is None]
-            older = [row.id for row in live if (row.turn_at, row.seq) < order]
-            newer = [row for row in live if (row.turn_at, row.seq) > order]
+            owners = len({row.subject for row in [*live, mine] if row.subject != family})
+            older = [
+                row.id
+                for row in live
+                if (row.turn_at, row.seq) < order and replaces(memory.subject, row.subject, owners)
+            ]
+            newer = [
+                row
+                for row in live
+                if (row.turn_at, row.seq) > order and replaces(row.subject, memory.subject, owners)
+            ]
             if older:
                 yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory.id)
             if newer:

@@ -8,10 +8,16 @@ a link (``is``, ``:``, ``changed to``, ``是``, ``改为``, ``从...改为``...)
 A price may also be a verb: "M8 bolts now cost ...", "M8螺丝涨价到...". "My phone
 battery died after 2 hours" and "我今天打了3个电话" name a subject and hold a
 number, but state no value of it.
+A subject may name whose it is: "ACME's IBAN", "the payment terms with ACME",
+"ACME的IBAN" are ``"iban of acme"``, ``"payment terms of acme"``; "our IBAN" or
+"the IBAN" name nobody (:func:`family_of` is the subject without its owner).
 A newer memory with the same subject in the same scope supersedes the older one
-(see :meth:`~langchain_tiered_memory.tiers.long_memory.catalog.Catalog.commit_plan`):
-both are kept, and search ranks the newer first. Questions ("what is our IBAN?")
-state no value and have no subject.
+(see :meth:`~langchain_tiered_memory.tiers.long_memory.catalog.Catalog.supersede_plan`):
+both are kept, and search ranks the newer first. One that names an owner
+supersedes that owner's only, so ACME's IBAN never buries Globex's, nor our own;
+one that names nobody also supersedes the one owner its scope names, if only one
+(after "ACME's terms are net 30", "the terms are now net 60" is about ACME's).
+Questions ("what is our IBAN?") state no value and have no subject.
 
 The rules are deliberately few and literal: a missed subject only means the older
 value is not marked, never that anything is lost.
@@ -23,6 +29,8 @@ import re
 
 #: A subject key is at most this long (it is indexed in the catalog).
 SUBJECT_CHARS = 120
+#: Between a subject and its owner in a key: ``"iban of acme"``.
+OWNER_SEPARATOR = " of "
 # A sentence ends at . ! ? ; but not at a dot inside a token ("0.12", "Jane.Doe@",
 # "acme.com") nor at "No." ("account No. 42").
 _SENTENCE = re.compile(r"(?:[^.!?。！？;；\n]|(?<=\w)\.(?=\w)|(?<=\b[Nn]o)\.)+[.!?。！？;；]?")
@@ -38,7 +46,8 @@ _LABELLED = re.compile(
 # What joins a subject to the value stated of it, right after the subject's name or a
 # short qualifier of it ("payment terms with ACME are ...", "address of the warehouse is").
 _LINK = re.compile(
-    r"""(?:\s+(?:with|for|of|at|from|in|on)\s+[\w&.'-]+(?:\s+[\w&.'-]+){0,2}?)?
+    r"""(?:\s+(?P<preposition>with|for|of|at|from|in|on)
+        \s+(?P<owner>[\w&.'-]+(?:\s+[\w&.'-]+){0,2}?))?
     \s*(?:
         (?:(?:is|are|was|were|becomes|became|remains|stays|will\s+be|has\s+been|have\s+been)
            (?:\s+(?:now|still|currently))?\b)
@@ -138,6 +147,32 @@ _ZH_SUFFIXES = ("现在", "目前", "当前", "最新", "今年", "的")
 _ZH_VAGUE = frozenset(
     {"它", "这", "这个", "那", "那个", "这些", "那些", "总", "平均", "单", "其他"}
 )
+# Whose a subject is, before its name: "ACME's IBAN", "ACME's new bank IBAN",
+# "ACME的IBAN", "华东仓库的收货地址".
+_EN_POSSESSIVE = re.compile(
+    r"(?<![a-z0-9&.'\-])((?:[a-z0-9&][a-z0-9&.\-]*+ ){0,2}[a-z0-9&][a-z0-9&.\-]*+)'s?\s++"
+    r"(?:(?:new|current|old|updated|latest|correct|bank|main|primary|registered|billing"
+    r"|shipping|delivery|office|contact|official|default|usual|unit)\s++){0,2}$"
+)
+_ZH_POSSESSIVE = re.compile(r"([a-z0-9&\-\u4e00-\u9fff]{1,20})的[\u4e00-\u9fff]{0,3}$")
+# Owners that name nobody in particular: ourselves, a pronoun, a time.
+_EN_NOBODY = frozenset(
+    {"his", "her", "its", "their", "us", "me", "them", "him", "company", "firm", "business"}
+    | {"today", "yesterday", "tomorrow", "week", "month", "year", "quarter", "day"}
+    | {"file", "record", "records", "system", "reference", "future", "now", "everyone"}
+    | {"order", "orders", "invoice", "invoices", "payment", "payments", "transfer", "transfers"}
+)
+# Words before an owner's name: "our supplier ACME" is ACME.
+_EN_ROLES = frozenset({"supplier", "vendor", "customer", "client", "partner", "company"})
+_ZH_ROLES = ("供应商", "客户", "厂商", "厂家", "通知")
+_ZH_NOBODY = frozenset(
+    {"我", "我们", "你", "你们", "您", "他", "她", "它", "他们", "她们", "它们", "咱们"}
+    | {"公司", "本公司", "我司", "贵司", "新", "旧", "最新", "现在", "目前", "当前", "原来"}
+    | {"以前", "之前", "原", "正确", "默认", "大家", "这", "那", "这个", "那个"}
+)
+_ZH_TIME = frozenset("年月日天周")
+# Words before an owner that are no part of it: "付到ACME的IBAN", "跟ACME的付款条件".
+_ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及为对从给让请说到向在用按跟同找问：:，,\s]")
 _EN_STOP = frozenset(
     {"a", "an", "the", "our", "my", "your", "their", "new", "current", "old", "that", "this"}
     | {"these", "those", "and", "so", "then", "now", "is", "of", "for", "to", "said"}
@@ -169,29 +204,83 @@ def subject_of(text: str) -> str | None:
         sentence = sentence.strip()
         if not sentence or sentence[-1] in "?？" or not _VALUE.search(sentence):
             continue
-        lowered = _LATIN_SPACE_CJK.sub("", sentence.lower())
+        lowered = _LATIN_SPACE_CJK.sub("", sentence.lower().replace("’", "'"))
         for pattern, value, key in _RULES:
             for found in pattern.finditer(lowered):
-                if not _states_value(lowered[found.end() :], value):
+                after = _states_value(lowered[found.end() :], value)
+                if after is None:
                     continue
-                if not key.endswith(":"):
-                    return key
-                item = _item(found.group(1))
-                if item:
-                    return (key + item)[:SUBJECT_CHARS]
+                if key.endswith(":"):
+                    item = _item(found.group(1))
+                    if not item:
+                        continue
+                    key += item
+                owner = _owner_before(lowered[: found.start()])
+                if owner is None and not key.startswith("price:"):
+                    owner = after
+                return (key + OWNER_SEPARATOR + owner if owner else key)[:SUBJECT_CHARS]
     return None
 
 
-def _states_value(rest: str, value: re.Pattern[str]) -> bool:
-    """Whether the text after a subject's name links it to a ``value``, or is one."""
+def family_of(subject: str) -> str:
+    """A subject without its owner: ``"iban of acme"`` -> ``"iban"``."""
+    return subject.split(OWNER_SEPARATOR, 1)[0]
+
+
+def _states_value(rest: str, value: re.Pattern[str]) -> str | None:
+    """Whether the text after a subject's name links it to a ``value``, or is one.
+
+    Returns:
+        ``None`` if it states no value, else the owner the link names ("the
+        payment terms *with ACME* are ..."), or ``""``.
+    """
     if _LABELLED.match(rest):  # "IBAN GB33 ...", "电话13800138000"
-        start = 0
+        start, owner = 0, ""
     else:
         link = _LINK.match(rest)
         if link is None or _NOT_A_VALUE.match(rest, link.end()):
-            return False
+            return None
         start = link.end()
-    return value.search(rest[start : start + VALUE_REACH + 16]) is not None
+        named = link.group("preposition") in ("with", "for", "of")
+        owner = _en_owner(link.group("owner")) if named else ""
+    if value.search(rest[start : start + VALUE_REACH + 16]) is None:
+        return None
+    return owner
+
+
+def _owner_before(head: str) -> str | None:
+    """Whose subject the words right before it name ("ACME's", "ACME的"), if anyone's."""
+    tail = head[-60:]
+    found = _EN_POSSESSIVE.search(tail)
+    if found is not None:
+        return _en_owner(found.group(1))
+    found = _ZH_POSSESSIVE.search(tail)
+    if found is not None:
+        return _zh_owner(found.group(1))
+    return None
+
+
+def _en_owner(raw: str) -> str:
+    """An owner's words without articles and pronouns: ``"our supplier ACME"`` -> ``"acme"``."""
+    words = [word.strip(".'") for word in raw.split()]
+    stops = [i for i, w in enumerate(words) if w in _EN_STOP or w in _EN_NOBODY]
+    words = words[stops[-1] + 1 :] if stops else words
+    while len(words) > 1 and words[0] in _EN_ROLES:
+        words = words[1:]
+    if not words or any(not w or w.isdigit() or w in _EN_NOBODY for w in words):
+        return ""
+    return " ".join(words)
+
+
+def _zh_owner(raw: str) -> str:
+    """A Chinese owner without the words around it: ``"供应商ACME"`` -> ``"acme"``."""
+    piece = _strip(_ZH_OWNER_SPLIT.split(raw)[-1], _ZH_PREFIXES, from_end=False)
+    lead = re.match(f"(?:{'|'.join(_ZH_ROLES)})+(?=.)", piece)
+    if lead is not None:
+        piece = piece[lead.end() :]
+    if not piece or piece[-1] in _ZH_TIME or any(piece.endswith(w) for w in _ZH_NOBODY):
+        return ""
+    return piece
 
 
 def _item(raw: str) -> str:
