@@ -26,8 +26,7 @@ from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
 from langchain_tiered_memory.core.validation import SESSION_DATE_KEY
 from langchain_tiered_memory.tiers.extraction import parse_update
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
-from langchain_tiered_memory.tiers.long_memory.catalog import replaces
-from langchain_tiered_memory.tiers.long_memory.subjects import subject_of
+from langchain_tiered_memory.tiers.long_memory.subjects import family_of, subject_of
 
 from .fakes import RecordingChatModel, replies
 from .long_memory_support import catalog, turn_ids
@@ -63,14 +62,14 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
     [
         ("User: The price of the M8 bolts is 0.12 EUR.", "price:m8 bolt"),
         ("User: Our M8 bolt price went up to 0.15 EUR.", "price:m8 bolt"),
-        ("User: Our IBAN is DE89 3704 0044 0532 0130 00.", "iban"),
+        ("User: Our IBAN is DE89 3704 0044 0532 0130 00.", "iban of ours"),
         ("User: Payment terms are net 30 days.", "payment terms"),
-        ("User: Ship to our new address: 12 Harbour Road, Leeds.", "address"),
+        ("User: Ship to our new address: 12 Harbour Road, Leeds.", "address of ours"),
         ("用户：M8螺丝的价格是0.12元", "price:m8螺丝"),
         ("用户：我们把M8螺丝的价格改为0.15元", "price:m8螺丝"),
         ("用户：收货地址改为上海市浦东新区世纪大道100号", "address"),
         ("用户：付款条件是月结60天", "payment terms"),
-        ("用户：我们的银行账号是6222 0000 1111", "account number"),
+        ("用户：我们的银行账号是6222 0000 1111", "account number of ours"),
         # No value stated, or not a known subject: no subject.
         ("User: What is the price of the M8 bolts?", None),
         ("User: I like the new address book.", None),
@@ -85,10 +84,10 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: My phone now has 3 cameras.", None),
         ("User: The address is a long walk from here, about 20 minutes.", None),
         ("用户：地址簿里有250个联系人", None),
-        ("User: My phone number is 555-0100.", "phone"),
-        ("用户：我的电话号码是13800138000", "phone"),
-        ("User: The IBAN team says our IBAN is GB33 BUKB 2020 1555 5555 55.", "iban"),
-        ("User: Our address changed to 5 Mill Lane.", "address"),
+        ("User: My phone number is 555-0100.", "phone of ours"),
+        ("用户：我的电话号码是13800138000", "phone of ours"),
+        ("User: The IBAN team says our IBAN is GB33 BUKB 2020 1555 5555 55.", "iban of ours"),
+        ("User: Our address changed to 5 Mill Lane.", "address of ours"),
         # Other wordings of the same subjects: a verb for the price, the old value
         # before the new, a Latin name inside Chinese, a decimal point mid-sentence.
         ("User: M8 bolts now cost 0.15 EUR each.", "price:m8 bolt"),
@@ -98,10 +97,10 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("用户：付款条件从月结30天改为月结60天", "payment terms"),
         ("用户：M8螺丝的单价从0.12元调整为0.15元", "price:m8螺丝"),
         ("用户：M8螺丝涨价到0.15元", "price:m8螺丝"),
-        ("User: Our credit limit is now 50,000 EUR.", "credit limit"),
+        ("User: Our credit limit is now 50,000 EUR.", "credit limit of ours"),
         ("用户：信用额度调整为50万元", "credit limit"),
         ("User: The SWIFT code is DEUTDEFF500.", "swift"),
-        ("用户：我们的SWIFT码是BKCHCNBJ110", "swift"),
+        ("用户：我们的SWIFT码是BKCHCNBJ110", "swift of ours"),
         # A price of nothing named, a cost that is no price, no value after the link.
         ("User: It costs 20 EUR.", None),
         ("User: The total cost is 300 EUR.", None),
@@ -111,15 +110,15 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: I read the swiftly written memo 3 times.", None),
         # More wordings: a dot inside an e-mail, "No.", a currency before the amount,
         # the owner before the item, the words around a Chinese item.
-        ("User: My email is now jane.doe@acme.com", "email"),
-        ("User: Our account no. is now 87654321", "account number"),
+        ("User: My email is now jane.doe@acme.com", "email of ours"),
+        ("User: Our account no. is now 87654321", "account number of ours"),
         ("User: M8 bolts now cost €0.15", "price:m8 bolt"),
         ("User: M8 bolts now cost EUR 0.15", "price:m8 bolt"),
         ("User: The price of M8 bolts increased to 0.15 EUR", "price:m8 bolt"),
         ("User: ACME's M8 bolt price is now 0.15", "price:m8 bolt of acme"),
         ("User: The price of the M8 bolts was raised to 0.15 EUR.", "price:m8 bolt"),
-        ("User: Our phone number has been changed to 555-0100.", "phone"),
-        ("User: Our address is now No. 5 Mill Lane", "address"),
+        ("User: Our phone number has been changed to 555-0100.", "phone of ours"),
+        ("User: Our address is now No. 5 Mill Lane", "address of ours"),
         ("用户：公司地址变更为上海市浦东新区100号", "address"),
         ("用户：信用额度提高到80万元", "credit limit"),
         ("用户：付款条件由月结30天调整为月结60天", "payment terms"),
@@ -147,26 +146,29 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: A single ride typically costs 2.50 EUR.", "price:single ride"),
         # Verbs that lead to the value, words that end in -ed or start with "not",
         # a statement before a question, Chinese items with a model number inside.
-        ("User: Our support email is notifications@acme.com.", "email"),
-        ("User: My email is ted@acme.com.", "email"),
-        ("User: Our address is Nottingham Road 12.", "address"),
+        ("User: Our support email is notifications@acme.com.", "email of ours"),
+        ("User: My email is ted@acme.com.", "email of ours"),
+        ("User: Our address is Nottingham Road 12.", "address of ours"),
         ("User: The delivery address is Red Lion Street 5.", "address"),
         ("User: The price of the M8 bolts is fixed at 0.12 EUR.", "price:m8 bolt"),
-        ("User: Our warehouse address is located at 12 Harbour Road.", "address"),
-        ("User: Our phone number is listed as 555-0100.", "phone"),
-        ("User: Our IBAN is registered as GB33 BUKB 2020 1555 5555 55.", "iban"),
+        ("User: Our warehouse address is located at 12 Harbour Road.", "address of ours"),
+        ("User: Our phone number is listed as 555-0100.", "phone of ours"),
+        ("User: Our IBAN is registered as GB33 BUKB 2020 1555 5555 55.", "iban of ours"),
         (
             'User: The supplier wrote "the price of M8 bolts is 0.15 EUR." Can you order?',
             "price:m8 bolt",
         ),
-        ("User: **Our IBAN is now GB33 BUKB 2020 1555 5555 55.** Could you update it?", "iban"),
+        (
+            "User: **Our IBAN is now GB33 BUKB 2020 1555 5555 55.** Could you update it?",
+            "iban of ours",
+        ),
         ("User: Supplier says M8 bolts now cost 0.15 EUR.", "price:m8 bolt"),
         ("用户：邮箱地址：jane@acme.com", "email"),
         ("用户：不锈钢M8螺丝的价格是0.2元", "price:不锈钢m8螺丝"),
         ("用户：彩色A4纸的价格是35元", "price:彩色a4纸"),
         ("用户：小米14的价格是3999元", "price:小米14"),
         ("用户：通知书打印的价格是1元", "price:通知书打印"),
-        ("User: My e-mail is Jane.Doe@Acme.com.", "email"),
+        ("User: My e-mail is Jane.Doe@Acme.com.", "email of ours"),
         ("用户：邮箱是Zhang.Wei@example.com", "email"),
         ("User: The price of M8 bolts was increased by 0.03 EUR.", "price:m8 bolt"),
         ("User: The TPS reports cost 5 EUR each.", "price:tps report"),
@@ -176,28 +178,43 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: The credit limit was reviewed last week, 3 changes were proposed.", None),
         ("User: The address was confirmed yesterday by 2 managers.", None),
         ("User: The price of the M8 bolts was mentioned twice in 2 meetings.", None),
-        # Whose it is, when the sentence names an owner; ourselves, a pronoun or a
-        # time name nobody.
+        # Whose it is, when the sentence names an owner; ourselves; a time or a "which"
+        # names nobody; somebody not known (a pronoun, a role) gives no subject.
         ("User: ACME's IBAN is GB33 BUKB 2020 1555 5555 55.", "iban of acme"),
         ("User: Globex’s new IBAN is DE89 3704 0044.", "iban of globex"),
         ("User: Payment terms with ACME are net 60 days.", "payment terms of acme"),
         ("User: The address of the warehouse is 12 Harbour Road.", "address of warehouse"),
         ("User: Mr. Wang's phone number is 555-0100.", "phone of wang"),
         ("User: Our supplier ACME's bank IBAN is GB33 BUKB 2020.", "iban of acme"),
-        ("User: The payment terms for this order are net 30.", "payment terms"),
-        ("User: The credit limit for 2024 is 50,000 EUR.", "credit limit"),
-        ("User: Their IBAN is GB33 BUKB 2020.", "iban"),
-        ("User: The company's address is 5 Mill Lane.", "address"),
+        ("User: Let's note ACME's IBAN is DE89 3704 0044.", "iban of acme"),
+        ("User: Remember ACME's IBAN is now DE12 5001 0517.", "iban of acme"),
+        ("User: ACME's UK IBAN is GB12 3456 7890.", "iban of acme"),
+        ("User: Globex Corp's IBAN is DE89 3704 0044.", "iban of globex corp"),
+        ("User: Müller's phone number is 555-0100.", "phone of müller"),
+        ("User: Möller's phone number is 555-0199.", "phone of möller"),
+        ("User: The address for deliveries is 5 Mill Lane.", "address of deliveries"),
+        ("User: The address for invoices is 7 Mill Lane.", "address of invoices"),
+        ("User: Payment terms for us are net 30.", "payment terms of ours"),
+        ("User: The company's address is 5 Mill Lane.", "address of ours"),
+        ("User: It's IBAN is GB33 BUKB 2020.", "iban"),
         ("User: Today's price of M8 bolts is 0.12 EUR.", "price:m8 bolt"),
+        ("User: Their IBAN is GB33 BUKB 2020.", None),
+        ("User: The supplier's IBAN is FR76 3000 6000.", None),
         ("用户：ACME的IBAN是GB33 BUKB 2020", "iban of acme"),
         ("用户：和ACME的付款条件是月结30天", "payment terms of acme"),
         ("用户：供应商ACME的付款条件改为月结60天", "payment terms of acme"),
+        ("用户：我们和ACME签的付款条件是月结30天", "payment terms of acme"),
+        ("用户：ACME给我们的付款条件是月结30天", "payment terms of acme"),
+        ("用户：ACME最新的付款条件是月结30天", "payment terms of acme"),
         ("用户：张经理的电话是13800138000", "phone of 张经理"),
         ("用户：华东仓库的收货地址是上海市浦东新区100号", "address of 华东仓库"),
-        ("用户：供应商发票请付到我们的IBAN：DE89 3704 0044", "iban"),
+        ("用户：我们公司的收货地址是北京市朝阳区建国路88号", "address of ours"),
+        ("用户：我方的IBAN是GB33 BUKB 2020", "iban of ours"),
         ("用户：上个月的付款条件是月结30天", "payment terms"),
-        ("用户：我们公司的收货地址是北京市朝阳区建国路88号", "address"),
-        ("用户：他们的电话是13800138000", "phone"),
+        ("用户：合同约定的付款条件是月结30天", "payment terms"),
+        ("用户：他们的电话是13800138000", None),
+        ("用户：对方的IBAN是GB33 BUKB 2020", None),
+        ("用户：老王的电话是13800138000", None),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -276,7 +293,7 @@ def test_the_newer_value_ranks_first_and_the_older_is_kept_marked_with_its_prove
         rows[next(k for k in rows if old_text in k)],
         rows[next(k for k in rows if new_text in k)],
     )
-    assert new.subject is not None and replaces(new.subject, old.subject)
+    assert new.subject is not None and family_of(new.subject) == family_of(old.subject)
     # Nothing merged or deleted: the old memory keeps its text, session, turn and date.
     assert len(rows) == 3
     assert old.superseded_by == new.id and new.superseded_by is None
@@ -461,17 +478,103 @@ def test_a_value_of_one_owner_never_buries_another_owners(
     assert standing() == {acme: acme_again, globex: None, ours: None, acme_again: None}
     [first, *_] = memory.search("Globex IBAN", user_id="u1", scope="user", k=3)
     assert globex in first.page_content
-    # Nobody named, with several owners in the scope: whose is unknown, so it
-    # stands beside them and supersedes only what named nobody.
+    # Nobody named, with several owners in the scope: whose it is is unknown, so it
+    # stands beside them and supersedes nothing.
     tell(backup, memory, "s5", nobody_named, "2023-07-01")
     memory.run_pending()
     assert standing() == {
         acme: acme_again,
         globex: None,
-        ours: nobody_named,
+        ours: None,
         acme_again: None,
         nobody_named: None,
     }
+
+
+OWNER_STORIES = {
+    "ours stays beside a supplier's": (
+        ["ACME's IBAN is DE89 3704 0044.", "Our IBAN is GB33 BUKB 2020."],
+        {},
+    ),
+    "our update leaves the supplier's": (
+        [
+            "Our IBAN is GB33 BUKB 2020.",
+            "ACME's IBAN is DE89 3704 0044.",
+            "Our IBAN is now NL91 ABNA 0417.",
+        ],
+        {"Our IBAN is GB33 BUKB 2020.": "Our IBAN is now NL91 ABNA 0417."},
+    ),
+    "nobody named after two owners supersedes nothing": (
+        [
+            "ACME's IBAN is DE89 3704 0044.",
+            "The IBAN is now DE12 5001 0517.",
+            "Globex's IBAN is FR76 3000 6000.",
+            "The IBAN is now NL91 ABNA 0417.",
+        ],
+        {"ACME's IBAN is DE89 3704 0044.": "The IBAN is now DE12 5001 0517."},
+    ),
+    "the owner's newest value supersedes what named nobody": (
+        [
+            "Payment terms with ACME are net 30 days.",
+            "The payment terms are now net 60 days.",
+            "Payment terms with ACME are net 90 days.",
+        ],
+        {
+            "Payment terms with ACME are net 30 days.": "The payment terms are now net 60 days.",
+            "The payment terms are now net 60 days.": "Payment terms with ACME are net 90 days.",
+        },
+    ),
+    "a lead-in is no part of the owner": (
+        ["ACME's IBAN is DE89 3704 0044.", "Remember ACME's IBAN is now DE12 5001 0517."],
+        {"ACME's IBAN is DE89 3704 0044.": "Remember ACME's IBAN is now DE12 5001 0517."},
+    ),
+    "a role is nobody in particular": (
+        ["The supplier's IBAN is FR76 3000 6000.", "The supplier's IBAN is DE89 3704 0044."],
+        {},
+    ),
+    "zh: ours stays beside a supplier's": (
+        [
+            "我们的IBAN是GB33 BUKB 2020。",
+            "ACME的IBAN是DE89 3704 0044。",
+            "我们的IBAN改为NL91 ABNA 0417。",
+        ],
+        {"我们的IBAN是GB33 BUKB 2020。": "我们的IBAN改为NL91 ABNA 0417。"},
+    ),
+    "zh: a verb after the name": (
+        ["我们和ACME签的付款条件是月结30天。", "ACME给我们的付款条件改为月结60天。"],
+        {"我们和ACME签的付款条件是月结30天。": "ACME给我们的付款条件改为月结60天。"},
+    ),
+}
+
+
+@pytest.mark.parametrize("story", list(OWNER_STORIES))
+def test_whose_value_it_is_decides_what_it_supersedes(
+    make_memory: MakeMemory, backup: MySQLBackup, story: str
+) -> None:
+    """Each statement in its own session, a day apart; what each older one is superseded by."""
+    texts, superseded = OWNER_STORIES[story]
+    memory = make_memory()
+    for n, text in enumerate(texts, start=1):
+        tell(backup, memory, f"s{n}", text, f"2023-05-{n:02d}")
+        memory.run_pending()
+    rows = rows_by_text(backup)
+    text_of = {row.id: key.split(": ", 1)[1] for key, row in rows.items()}
+    assert {
+        text_of[row.id]: text_of[row.superseded_by]
+        for row in rows.values()
+        if row.superseded_by is not None
+    } == superseded
+
+
+def test_a_value_imported_out_of_order_is_not_buried_by_another_owners(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()
+    tell(backup, memory, "july", "Our IBAN is now NL91 ABNA 0417.", "2023-07-01")
+    memory.run_pending()
+    tell(backup, memory, "may", "ACME's IBAN is DE89 3704 0044.", "2023-05-01")  # later
+    memory.run_pending()
+    assert all(row.superseded_by is None for row in catalog(backup))
 
 
 def test_an_older_archive_gains_the_columns_and_their_indexes(
@@ -504,7 +607,7 @@ def test_an_older_archive_gains_the_columns_and_their_indexes(
         rows = rows_by_text(reopened)
         # The old row has no subject (written before): kept, not superseded, found.
         assert rows["User: Our IBAN is DE89 3704 0044."].subject is None
-        assert rows["User: Our IBAN is now GB33 BUKB 2020."].subject == "iban"
+        assert rows["User: Our IBAN is now GB33 BUKB 2020."].subject == "iban of ours"
         found = upgraded.search("IBAN", user_id="u1", scope="user", k=5)
         assert len(found) == 2
     finally:
@@ -770,6 +873,13 @@ A, B = "0f" * 16, "ab" * 16
             ("None of our suppliers accept cheques.", (A,)),
         ),
         (f"UPDATE {A}: 无锡仓库的地址改为X路1号", ("无锡仓库的地址改为X路1号", (A,))),
+        # ... and a line that goes on to a value is a value.
+        (
+            f"UPDATE {A}: Unchanged, except the IBAN is now GB33.",
+            ("Unchanged, except the IBAN is now GB33.", (A,)),
+        ),
+        (f"UPDATE {A}: None - terms are now net 60.", ("None - terms are now net 60.", (A,))),
+        (f"UPDATE {A}: 没有，付款条件改为月结60天", ("没有，付款条件改为月结60天", (A,))),
         # A summary line that merely starts with UPDATE and a name is kept as written.
         ("Patched:\nUPDATE KB5034441: boot fix", ("Patched:\nUPDATE KB5034441: boot fix", ())),
         ("The user ran:\nUPDATE orders_2024\n", ("The user ran:\nUPDATE orders_2024\n", ())),

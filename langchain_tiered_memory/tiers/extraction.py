@@ -30,7 +30,9 @@ _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
 _NO_CHANGE = re.compile(
     r"\W*+(?:none|n/a|no\s+changes?|unchanged|nothing\s+(?:new|changed)"
     r"|没有变化|无变化|没有|无|不变|未变)"
-    r"\s*+(?:$|[(\[（【\-–—:：,，;；.。!！])",  # "NONE (nothing changed)", not "None of ..."
+    # Then nothing, or only a remark: "NONE (nothing changed)", "NONE." ("None of ...",
+    # "Unchanged, except the IBAN is now ..." and "没有, 付款条件改为..." state a value).
+    r"[^\w(（\[【]*+(?:[(（\[【][^)）\]】\n]*+[)）\]】][\W_]*+)?$",
     re.IGNORECASE,
 )
 # Line ends as models write them: Windows, old Mac, Unicode line separators.

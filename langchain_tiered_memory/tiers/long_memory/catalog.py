@@ -96,16 +96,20 @@ def row_metadata(row: Any) -> dict[str, Any]:
     }
 
 
-def replaces(newer: str, older: str, owners: int = 1) -> bool:
+def replaces(newer: str, older: str, owners: int) -> bool:
     """Whether a newer memory of subject ``newer`` supersedes an older one of ``older``.
 
-    The same subject does. One that names an owner ("ACME's IBAN") supersedes
-    that owner's only. One that names nobody ("the IBAN is now ...") supersedes
-    an owner's too when the scope's live memories of the family name one owner
-    at most (``owners``): it goes on about that one ("ACME's terms are net 30",
-    then "the terms are now net 60"); among several, whose it is is unknown.
+    Both are of one family (:func:`~.subjects.family_of`) and one scope, whose
+    memories have ever named ``owners`` owners (ourselves counted). One that
+    names an owner ("ACME's IBAN", "our IBAN") supersedes that owner's. One that
+    names nobody ("the IBAN is now ...") is about the scope's one owner, if it has
+    only one: it supersedes, and is superseded by, that owner's and those naming
+    nobody; with several owners, whose it is is unknown, and it supersedes nothing.
     """
-    return newer == older or (owners <= 1 and newer == family_of(older))
+    nobody = family_of(newer)
+    if newer == older and newer != nobody:
+        return True
+    return owners <= 1 and nobody in (newer, older)
 
 
 @dataclass
@@ -351,11 +355,15 @@ class Catalog:
             if memory.subject is None:
                 continue
             family = family_of(memory.subject)
+            of_family = (c.subject == family) | c.subject.startswith(
+                family + OWNER_SEPARATOR, autoescape=True
+            )
+            # Owners named ever, not only by the memories that stand: a value that
+            # named nobody and superseded ACME's is still ACME's.
+            named = yield select(c.subject).distinct().where(scope, of_family)
+            owners = len({row.subject for row in named} - {family})
             result = yield select(c.id, c.turn_at, c.seq, c.superseded_by, c.subject).where(
-                scope,
-                (c.subject == family)
-                | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
-                c.superseded_by.is_(None) | (c.id == memory.id),
+                scope, of_family, c.superseded_by.is_(None) | (c.id == memory.id)
             )
             rows = result.all()
             mine = next((row for row in rows if row.id == memory.id), None)
@@ -363,7 +371,6 @@ class Catalog:
                 continue
             order = (mine.turn_at, mine.seq)
             live = [row for row in rows if row.id != memory.id and row.superseded_by is None]
-            owners = len({row.subject for row in [*live, mine] if row.subject != family})
             older = [
                 row.id
                 for row in live

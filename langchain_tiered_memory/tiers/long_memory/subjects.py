@@ -9,14 +9,17 @@ A price may also be a verb: "M8 bolts now cost ...", "M8螺丝涨价到...". "My
 battery died after 2 hours" and "我今天打了3个电话" name a subject and hold a
 number, but state no value of it.
 A subject may name whose it is: "ACME's IBAN", "the payment terms with ACME",
-"ACME的IBAN" are ``"iban of acme"``, ``"payment terms of acme"``; "our IBAN" or
-"the IBAN" name nobody (:func:`family_of` is the subject without its owner).
+"ACME的IBAN" are ``"iban of acme"``, ``"payment terms of acme"``; "our IBAN",
+"我们的IBAN" are ``"iban of ours"``; "the IBAN" names nobody, and "their IBAN" or
+"the supplier's IBAN" (somebody, not known who) has no subject at all
+(:func:`family_of` is the subject without its owner).
 A newer memory with the same subject in the same scope supersedes the older one
 (see :meth:`~langchain_tiered_memory.tiers.long_memory.catalog.Catalog.supersede_plan`):
 both are kept, and search ranks the newer first. One that names an owner
-supersedes that owner's only, so ACME's IBAN never buries Globex's, nor our own;
-one that names nobody also supersedes the one owner its scope names, if only one
-(after "ACME's terms are net 30", "the terms are now net 60" is about ACME's).
+supersedes that owner's only, so ACME's IBAN never buries Globex's, nor our own.
+One that names nobody is about the one owner its scope has ever named (after
+"ACME's terms are net 30", "the terms are now net 60" is ACME's), and with several
+supersedes nothing, as whose it is is unknown.
 Questions ("what is our IBAN?") state no value and have no subject.
 
 The rules are deliberately few and literal: a missed subject only means the older
@@ -147,32 +150,61 @@ _ZH_SUFFIXES = ("现在", "目前", "当前", "最新", "今年", "的")
 _ZH_VAGUE = frozenset(
     {"它", "这", "这个", "那", "那个", "这些", "那些", "总", "平均", "单", "其他"}
 )
-# Whose a subject is, before its name: "ACME's IBAN", "ACME's new bank IBAN",
-# "ACME的IBAN", "华东仓库的收货地址".
+#: The owner of what we state of ourselves: "our IBAN", "我们的IBAN" are ``"iban of ours"``.
+SELF = "ours"
+# An owner named but not known ("their IBAN", "the supplier's IBAN", "他的电话"): such a
+# sentence gets no subject, as it could be anybody's.
+_UNKNOWN = "?"
+_LATIN = "a-z0-9\u00c0-\u024f&"  # letters of names such as "Müller", "Nestlé"
+# Whose a subject is, right before its name, with at most two words between ("ACME's
+# IBAN", "Globex Corp's UK IBAN", "our new IBAN"); words that end the phrase ("and",
+# "says") cannot come between.
 _EN_POSSESSIVE = re.compile(
-    r"(?<![a-z0-9&.'\-])((?:[a-z0-9&][a-z0-9&.\-]*+ ){0,2}[a-z0-9&][a-z0-9&.\-]*+)'s?\s++"
-    r"(?:(?:new|current|old|updated|latest|correct|bank|main|primary|registered|billing"
-    r"|shipping|delivery|office|contact|official|default|usual|unit)\s++){0,2}$"
+    rf"(?<![{_LATIN}.'\-])"
+    rf"(?:(?:([{_LATIN}][{_LATIN}.\-]*+)\s++)?([{_LATIN}][{_LATIN}.\-]*+)'s?"
+    r"|(our|my|your|their|his|her|its))\s++"
+    r"(?:(?!(?:and|or|the|a|an|our|my|your|their|his|her|its|is|are|was|were|to|of|for"
+    rf"|with|that|this|not|says|said)\s)[{_LATIN}\-]++\s++){{0,2}}$"
 )
-_ZH_POSSESSIVE = re.compile(r"([a-z0-9&\-\u4e00-\u9fff]{1,20})的[\u4e00-\u9fff]{0,3}$")
-# Owners that name nobody in particular: ourselves, a pronoun, a time.
-_EN_NOBODY = frozenset(
-    {"his", "her", "its", "their", "us", "me", "them", "him", "company", "firm", "business"}
-    | {"today", "yesterday", "tomorrow", "week", "month", "year", "quarter", "day"}
-    | {"file", "record", "records", "system", "reference", "future", "now", "everyone"}
-    | {"order", "orders", "invoice", "invoices", "payment", "payments", "transfer", "transfers"}
+_ZH_POSSESSIVE = re.compile(r"([a-z0-9&.\-\u4e00-\u9fff]{1,20})的[\u4e00-\u9fff]{0,3}$")
+_EN_PRONOUNS = {"our": SELF, "my": SELF, "your": SELF, "us": SELF, "me": SELF}
+# Not a possessive: "let's", "it's", "that's" (``'s`` is "is" or "us").
+_EN_NOT_OWNERS = frozenset(
+    {"let", "it", "that", "what", "here", "there", "who", "he", "she", "where", "how", "one"}
 )
-# Words before an owner's name: "our supplier ACME" is ACME.
-_EN_ROLES = frozenset({"supplier", "vendor", "customer", "client", "partner", "company"})
+# A time names nobody: "today's price", "last year's terms".
+_EN_TIMES = frozenset(
+    {"today", "yesterday", "tomorrow", "tonight", "week", "month", "year", "quarter", "day"}
+)
+# A role is nobody in particular: "the supplier's IBAN" is some supplier's.
+_EN_ROLES = frozenset(
+    {"supplier", "vendor", "customer", "client", "partner", "ceo", "manager", "bank"}
+    | {"suppliers", "vendors", "customers", "clients", "partners", "they", "them", "him"}
+    | {"his", "her", "their", "its"}
+)
+# Ourselves, as a user or an assistant writes it.
+_EN_SELF = frozenset({"company", "firm", "business"})
+# A name's last word that needs the word before it: "Globex Corp", "ACME Ltd".
+_EN_CORPORATE = frozenset(
+    {"corp", "inc", "ltd", "llc", "gmbh", "co", "plc", "ag", "sa", "group", "holdings"}
+)
+_ZH_SELF = ("我们", "我司", "我方", "本公司", "公司", "咱们", "我", "您", "你们", "你")
+_ZH_OTHERS = ("他们", "她们", "它们", "对方", "他", "她", "它", "其")
 _ZH_ROLES = ("供应商", "客户", "厂商", "厂家", "通知")
-_ZH_NOBODY = frozenset(
-    {"我", "我们", "你", "你们", "您", "他", "她", "它", "他们", "她们", "它们", "咱们"}
-    | {"公司", "本公司", "我司", "贵司", "新", "旧", "最新", "现在", "目前", "当前", "原来"}
-    | {"以前", "之前", "原", "正确", "默认", "大家", "这", "那", "这个", "那个"}
+# Pure-Chinese owners are names of these kinds: "华东仓库", "张经理", "中国银行".
+_ZH_ENTITIES = (
+    *("公司", "集团", "仓库", "工厂", "厂", "门店", "店", "银行", "经理", "总", "先生"),
+    *("女士", "老师", "部", "中心", "分行", "支行", "大学", "医院"),
+)
+# Words before the 的 that say which, not whose: "合同约定的付款条件", "最近的地址".
+_ZH_WHICH = frozenset(
+    {"合同", "约定", "合同约定", "最近", "现在", "目前", "当前", "原来", "以前", "之前", "新"}
+    | {"旧", "最新", "默认", "正确", "实际", "原", "常用", "上述", "以上", "下面"}
 )
 _ZH_TIME = frozenset("年月日天周")
 # Words before an owner that are no part of it: "付到ACME的IBAN", "跟ACME的付款条件".
-_ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及为对从给让请说到向在用按跟同找问：:，,\s]")
+# ("ACME给我们的付款条件" is ACME's.)
+_ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及为对从让请说到向在用按跟同找问：:，,\s]")
 _EN_STOP = frozenset(
     {"a", "an", "the", "our", "my", "your", "their", "new", "current", "old", "that", "this"}
     | {"these", "those", "and", "so", "then", "now", "is", "of", "for", "to", "said"}
@@ -216,9 +248,17 @@ def subject_of(text: str) -> str | None:
                         continue
                     key += item
                 owner = _owner_before(lowered[: found.start()])
-                if owner is None and not key.startswith("price:"):
-                    owner = after
-                return (key + OWNER_SEPARATOR + owner if owner else key)[:SUBJECT_CHARS]
+                if key.startswith("price:"):  # a price is the seller's: only a name counts
+                    owner = "" if owner in (None, SELF, _UNKNOWN) else owner
+                elif owner is None:
+                    owner = _link_owner(after)
+                if owner == _UNKNOWN:
+                    continue
+                if not owner:
+                    return key[:SUBJECT_CHARS]
+                # Room for the owner: a long item must not cut it off, leaving a key
+                # that names nobody.
+                return key[:80] + OWNER_SEPARATOR + owner[:36]
     return None
 
 
@@ -231,8 +271,8 @@ def _states_value(rest: str, value: re.Pattern[str]) -> str | None:
     """Whether the text after a subject's name links it to a ``value``, or is one.
 
     Returns:
-        ``None`` if it states no value, else the owner the link names ("the
-        payment terms *with ACME* are ..."), or ``""``.
+        ``None`` if it states no value, else the words of the owner the link
+        names ("the payment terms *with ACME* are ..."), or ``""``.
     """
     if _LABELLED.match(rest):  # "IBAN GB33 ...", "电话13800138000"
         start, owner = 0, ""
@@ -242,45 +282,82 @@ def _states_value(rest: str, value: re.Pattern[str]) -> str | None:
             return None
         start = link.end()
         named = link.group("preposition") in ("with", "for", "of")
-        owner = _en_owner(link.group("owner")) if named else ""
+        owner = link.group("owner") if named else ""
     if value.search(rest[start : start + VALUE_REACH + 16]) is None:
         return None
     return owner
 
 
 def _owner_before(head: str) -> str | None:
-    """Whose subject the words right before it name ("ACME's", "ACME的"), if anyone's."""
-    tail = head[-60:]
+    """Whose subject the words right before it name ("ACME's", "our", "ACME的").
+
+    Returns:
+        ``None`` if they name nobody, else the owner, :data:`SELF`, ``""`` (a
+        time or a "which": "today's", "最近的") or ``_UNKNOWN``.
+    """
+    tail = head[-80:]
     found = _EN_POSSESSIVE.search(tail)
     if found is not None:
-        return _en_owner(found.group(1))
+        before, word, pronoun = found.groups()
+        if pronoun is not None:
+            return _EN_PRONOUNS.get(pronoun, _UNKNOWN)
+        return _en_possessive(before, word)
     found = _ZH_POSSESSIVE.search(tail)
     if found is not None:
         return _zh_owner(found.group(1))
     return None
 
 
-def _en_owner(raw: str) -> str:
-    """An owner's words without articles and pronouns: ``"our supplier ACME"`` -> ``"acme"``."""
+def _en_possessive(before: str | None, word: str) -> str | None:
+    """The owner of ``word's``: ``"acme"``, ``"globex corp"``; see :func:`_owner_before`."""
+    word = word.strip(".")
+    if word in _EN_NOT_OWNERS:
+        return None
+    if word in _EN_TIMES:
+        return ""
+    if word in _EN_SELF:
+        return SELF
+    if word in _EN_ROLES:
+        return _UNKNOWN
+    if before is not None and word in _EN_CORPORATE:
+        return f"{before.strip('.')} {word}"
+    return word
+
+
+def _link_owner(raw: str) -> str:
+    """The owner a link names ("with our supplier ACME" -> ``"acme"``), or ``""``."""
     words = [word.strip(".'") for word in raw.split()]
-    stops = [i for i, w in enumerate(words) if w in _EN_STOP or w in _EN_NOBODY]
+    if len(words) == 1 and words[0] in _EN_PRONOUNS:
+        return SELF
+    if words and words[-1] in _EN_ROLES:
+        return _UNKNOWN
+    stops = [i for i, w in enumerate(words) if w in _EN_STOP]
     words = words[stops[-1] + 1 :] if stops else words
     while len(words) > 1 and words[0] in _EN_ROLES:
         words = words[1:]
-    if not words or any(not w or w.isdigit() or w in _EN_NOBODY for w in words):
+    if not words or any(not w or w in _EN_TIMES for w in words):
         return ""
     return " ".join(words)
 
 
 def _zh_owner(raw: str) -> str:
-    """A Chinese owner without the words around it: ``"供应商ACME"`` -> ``"acme"``."""
+    """A Chinese owner; see :func:`_owner_before`: ``"供应商ACME"`` -> ``"acme"``."""
     piece = _strip(_ZH_OWNER_SPLIT.split(raw)[-1], _ZH_PREFIXES, from_end=False)
+    latin = re.findall(r"[a-z0-9&][a-z0-9&.\-]*+", piece)
+    if latin:  # "acme签", "acme新", "acme给我们": the name
+        return latin[-1].strip(".")
+    if piece.startswith(_ZH_SELF):
+        return SELF
+    if piece.endswith(_ZH_OTHERS) or piece in _ZH_ROLES:
+        return _UNKNOWN
     lead = re.match(f"(?:{'|'.join(_ZH_ROLES)})+(?=.)", piece)
     if lead is not None:
         piece = piece[lead.end() :]
-    if not piece or piece[-1] in _ZH_TIME or any(piece.endswith(w) for w in _ZH_NOBODY):
+    if piece.endswith(_ZH_ENTITIES):
+        return piece
+    if not piece or piece in _ZH_WHICH or piece[-1] in _ZH_TIME:
         return ""
-    return piece
+    return _UNKNOWN
 
 
 def _item(raw: str) -> str:
