@@ -192,8 +192,16 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("User: Globex Corp's IBAN is DE89 3704 0044.", "iban of globex corp"),
         ("User: Müller's phone number is 555-0100.", "phone of müller"),
         ("User: Möller's phone number is 555-0199.", "phone of möller"),
-        ("User: The address for deliveries is 5 Mill Lane.", "address of deliveries"),
-        ("User: The address for invoices is 7 Mill Lane.", "address of invoices"),
+        ("User: The payment terms for this order are net 30.", None),
+        ("User: The address for deliveries is 5 Mill Lane.", None),
+        ("User: The address for invoices is 7 Mill Lane.", None),
+        ("User: ACME IBAN: DE89 3704 0044.", "iban of acme"),
+        ("User: For ACME, the IBAN is DE89 3704 0044.", "iban of acme"),
+        ("User: EUR IBAN: DE89 3704 0044.", "iban"),
+        ("User: Our ACME account number is 9999 0000.", None),
+        ("User: Your IBAN is GB33 BUKB 2020.", None),
+        ("User: Payment terms with ACME since January are net 45 days.", "payment terms of acme"),
+        ("User: Q3's price of M8 bolts is 0.12 EUR.", "price:m8 bolt"),
         ("User: Payment terms for us are net 30.", "payment terms of ours"),
         ("User: The company's address is 5 Mill Lane.", "address of ours"),
         ("User: It's IBAN is GB33 BUKB 2020.", "iban"),
@@ -215,6 +223,11 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("用户：他们的电话是13800138000", None),
         ("用户：对方的IBAN是GB33 BUKB 2020", None),
         ("用户：老王的电话是13800138000", None),
+        ("用户：华为公司的地址是深圳市100号", "address of 华为公司"),
+        ("用户：我妈的电话是13900139000", None),
+        ("用户：2024年的付款条件是月结30天", "payment terms"),
+        ("用户：3月份的付款条件是月结30天", "payment terms"),
+        ("用户：调整后的付款条件是月结60天", "payment terms"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -540,6 +553,26 @@ OWNER_STORIES = {
         ],
         {"我们的IBAN是GB33 BUKB 2020。": "我们的IBAN改为NL91 ABNA 0417。"},
     ),
+    "ours is not buried by a name written in capitals": (
+        ["Our IBAN is GB33 BUKB 2020.", "ACME IBAN: DE89 3704 0044."],
+        {},
+    ),
+    "ours is not buried by somebody's we cannot name": (
+        ["My phone number is 07700 900123.", "My colleague's phone number is 07700 900456."],
+        {},
+    ),
+    "an order's terms name no owner and block nothing": (
+        [
+            "ACME's payment terms are net 30 days.",
+            "The payment terms for order 123 are net 45 days.",
+            "The payment terms are now net 60 days.",
+        ],
+        {"ACME's payment terms are net 30 days.": "The payment terms are now net 60 days."},
+    ),
+    "zh: a family member is not us": (
+        ["我的电话是13800138000。", "我妈的电话是13900139000。"],
+        {},
+    ),
     "zh: a verb after the name": (
         ["我们和ACME签的付款条件是月结30天。", "ACME给我们的付款条件改为月结60天。"],
         {"我们和ACME签的付款条件是月结30天。": "ACME给我们的付款条件改为月结60天。"},
@@ -564,6 +597,22 @@ def test_whose_value_it_is_decides_what_it_supersedes(
         for row in rows.values()
         if row.superseded_by is not None
     } == superseded
+
+
+def test_what_supersedes_what_does_not_depend_on_how_turns_are_batched(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory()  # one run for the three: the same as one run after each
+    tell(backup, memory, "s1", "Payment terms with ACME are net 30 days.", "2023-05-01")
+    tell(backup, memory, "s2", "The payment terms are now net 60 days.", "2023-05-02")
+    tell(backup, memory, "s3", "Payment terms with Globex are net 45 days.", "2023-05-03")
+    memory.run_pending()
+    rows = rows_by_text(backup)
+    assert (
+        rows["User: Payment terms with ACME are net 30 days."].superseded_by
+        == rows["User: The payment terms are now net 60 days."].id
+    )
+    assert rows["User: Payment terms with Globex are net 45 days."].superseded_by is None
 
 
 def test_a_value_imported_out_of_order_is_not_buried_by_another_owners(
@@ -868,6 +917,13 @@ A, B = "0f" * 16, "ab" * 16
         (f"UPDATE {A}: NONE (nothing changed)", (None, ())),
         (f"UPDATE {A}: N/A\nUPDATE {B}: unchanged.", (None, ())),
         (f"UPDATE {A}: 无变化。", (None, ())),
+        (f"UPDATE {A}: NONE - nothing changed", (None, ())),
+        (f"UPDATE {A}: N/A — no update needed", (None, ())),
+        (f"UPDATE {A}: No update needed.", (None, ())),
+        (f"UPDATE {A}: Same as before", (None, ())),
+        (f"UPDATE {A}: 无需更新", (None, ())),
+        (f"UPDATE {A}: 没有变化，保持不变", (None, ())),
+        (f"UPDATE {A}: -", (None, ())),
         (
             f"UPDATE {A}: None of our suppliers accept cheques.",
             ("None of our suppliers accept cheques.", (A,)),
@@ -979,3 +1035,45 @@ def test_one_turn_that_changes_two_memories_supersedes_both(
     assert new.text == "\n".join(changes)  # no "UPDATE" or ids in what is stored
     assert one.superseded_by == two.superseded_by == new.id  # both kept, both marked
     assert first in one.text and second in two.text
+
+
+def test_forgetting_a_memory_of_several_facts_lets_each_older_value_stand_again(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """A memory that updated an IBAN and an address is superseded for its IBAN only."""
+
+    def respond(prompt: str) -> str:
+        offered = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
+        said = prompt.rsplit("User: ", 1)[-1].split("\n")[0]
+        if "moved" not in said:
+            return said
+        ids = {("iban" if "IBAN" in text else "address"): memory_id for memory_id, text in offered}
+        return (
+            f"UPDATE [{ids['iban']}]: Our IBAN is GB99 BUKB 2020.\n"
+            f"UPDATE [{ids['address']}]: Our address is 2 New Road."
+        )
+
+    memory = make_memory(extractor=extractor(respond))
+    for n, text in enumerate(
+        [
+            "Our IBAN is GB33 BUKB 2020.",
+            "Our address is 1 Old Road.",
+            "We moved: new bank, new office.",
+            "Our IBAN is now DE89 3704 0044.",
+        ],
+        start=1,
+    ):
+        tell(backup, memory, f"s{n}", text, f"2023-05-0{n}")
+        memory.run_pending()
+    by_text = {row.text.splitlines()[0]: row for row in catalog(backup)}
+    assert (
+        by_text["Our address is 1 Old Road."].superseded_by
+        == by_text["Our IBAN is GB99 BUKB 2020."].id
+    )
+    memory.forget(session_id="s3")
+    by_text = {row.text.splitlines()[0]: row for row in catalog(backup)}
+    assert (
+        by_text["Our IBAN is GB33 BUKB 2020."].superseded_by
+        == by_text["Our IBAN is now DE89 3704 0044."].id
+    )
+    assert by_text["Our address is 1 Old Road."].superseded_by is None  # stands again

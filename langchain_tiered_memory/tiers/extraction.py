@@ -25,14 +25,15 @@ from langchain_tiered_memory.text.tokens import (
 logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
-# An update's first line that says nothing changed: "NONE", "NONE (nothing changed)",
-# "N/A", "unchanged", "无变化".
+# An update's first line that says nothing changed ("NONE", "N/A — no update needed",
+# "无需更新"), then at most a remark after a mark. A line that goes on in words ("None
+# of our suppliers ...") or to a digit or an "@" ("None - terms are now net 60",
+# "没有, 付款条件改为月结60天") states a value.
 _NO_CHANGE = re.compile(
-    r"\W*+(?:none|n/a|no\s+changes?|unchanged|nothing\s+(?:new|changed)"
-    r"|没有变化|无变化|没有|无|不变|未变)"
-    # Then nothing, or only a remark: "NONE (nothing changed)", "NONE." ("None of ...",
-    # "Unchanged, except the IBAN is now ..." and "没有, 付款条件改为..." state a value).
-    r"[^\w(（\[【]*+(?:[(（\[【][^)）\]】\n]*+[)）\]】][\W_]*+)?$",
+    r"[\W_]*+(?:(?:none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
+    r"(?:\s+needed)?|no|nothing\s+(?:new|changed|to\s+update)|unchanged|same\s+as\s+before"
+    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|没有|无|不变|未变)(?![\w/]))?"
+    r"(?:[ \t]*+[^\w\s][^\d@\n]*+)?+[ \t]*+$",
     re.IGNORECASE,
 )
 # Line ends as models write them: Windows, old Mac, Unicode line separators.
@@ -210,13 +211,15 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
     ends = [found.start() for found, _ in heads[1:]] + [len(text)]
     for (found, known), end in zip(heads, ends, strict=True):
         new_text = text[found.end() : end].strip(_MARKUP)
-        first_line, _, rest = new_text.partition("\n")
-        if _NO_CHANGE.match(first_line.strip(_MARKUP)) or (known is None and not new_text):
-            parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
-            continue
         if not new_text:
+            if known is None:
+                continue  # a made-up id without text: nothing to keep
             msg = f"the extractor answered UPDATE {found.group(3)[:80]!r} without the new text"
             raise ValueError(msg)
+        first_line, _, rest = new_text.partition("\n")
+        if _NO_CHANGE.match(first_line.strip(_MARKUP)):
+            parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
+            continue
         if known is None:
             refused.append(found.group(3)[:80])
         elif known not in updates:

@@ -100,7 +100,7 @@ def replaces(newer: str, older: str, owners: int) -> bool:
     """Whether a newer memory of subject ``newer`` supersedes an older one of ``older``.
 
     Both are of one family (:func:`~.subjects.family_of`) and one scope, whose
-    memories have ever named ``owners`` owners (ourselves counted). One that
+    memories up to the newer one have named ``owners`` owners (ourselves counted). One that
     names an owner ("ACME's IBAN", "our IBAN") supersedes that owner's. One that
     names nobody ("the IBAN is now ...") is about the scope's one owner, if it has
     only one: it supersedes, and is superseded by, that owner's and those naming
@@ -110,6 +110,10 @@ def replaces(newer: str, older: str, owners: int) -> bool:
     if newer == older and newer != nobody:
         return True
     return owners <= 1 and nobody in (newer, older)
+
+
+def _family(subject: str | None) -> str | None:
+    return None if subject is None else family_of(subject)
 
 
 @dataclass
@@ -355,31 +359,37 @@ class Catalog:
             if memory.subject is None:
                 continue
             family = family_of(memory.subject)
-            of_family = (c.subject == family) | c.subject.startswith(
-                family + OWNER_SEPARATOR, autoescape=True
-            )
-            # Owners named ever, not only by the memories that stand: a value that
-            # named nobody and superseded ACME's is still ACME's.
-            named = yield select(c.subject).distinct().where(scope, of_family)
-            owners = len({row.subject for row in named} - {family})
+            # Every memory of the family, superseded ones too: a value that named
+            # nobody and superseded ACME's is still ACME's, so owners named are
+            # counted over all of them, up to each memory's own time.
             result = yield select(c.id, c.turn_at, c.seq, c.superseded_by, c.subject).where(
-                scope, of_family, c.superseded_by.is_(None) | (c.id == memory.id)
+                scope,
+                (c.subject == family)
+                | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
             )
-            rows = result.all()
+            rows = sorted(result.all(), key=lambda row: (row.turn_at, row.seq))
             mine = next((row for row in rows if row.id == memory.id), None)
             if mine is None:  # not in this scope's catalog (merged away)
                 continue
+            named: set[str] = set()
+            owners: dict[str, int] = {}  # owners named up to each memory, by its id
+            for row in rows:
+                if row.subject != family:
+                    named.add(row.subject)
+                owners[row.id] = len(named)
             order = (mine.turn_at, mine.seq)
             live = [row for row in rows if row.id != memory.id and row.superseded_by is None]
             older = [
                 row.id
                 for row in live
-                if (row.turn_at, row.seq) < order and replaces(memory.subject, row.subject, owners)
+                if (row.turn_at, row.seq) < order
+                and replaces(memory.subject, row.subject, owners[mine.id])
             ]
             newer = [
                 row
                 for row in live
-                if (row.turn_at, row.seq) > order and replaces(row.subject, memory.subject, owners)
+                if (row.turn_at, row.seq) > order
+                and replaces(row.subject, memory.subject, owners[row.id])
             ]
             if older:
                 yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory.id)
@@ -465,8 +475,9 @@ class Catalog:
         """Delete memories by id.
 
         A memory another one is superseded by hands that link on to its own
-        successor (when that one stays), else the other one stands again: no
-        link points at a deleted memory.
+        successor (when that one stays and states a value of the same family, or
+        neither states one), else the other one stands again: no link points at a
+        deleted memory.
         """
         c = self.table.c
         gone = set(ids)
@@ -480,12 +491,21 @@ class Catalog:
                 memory_id = successor.get(memory_id)
             return None if memory_id in gone else memory_id
 
-        result = yield select(c.id, c.superseded_by).where(
+        result = yield select(c.id, c.superseded_by, c.subject).where(
             c.superseded_by.in_(list(gone)), c.id.not_in(list(gone))
         )
+        linked_rows = result.all()
+        targets = {standing(row.superseded_by) for row in linked_rows} - {None}
+        result = yield select(c.id, c.subject).where(c.id.in_(list(targets)))
+        subject = {row.id: row.subject for row in result}
         relink: dict[str | None, list[str]] = {}
-        for row in result:  # usually none: one update per memory that stands in their place
-            relink.setdefault(standing(row.superseded_by), []).append(row.id)
+        for row in linked_rows:  # usually none: one update per memory that stands in their place
+            target = standing(row.superseded_by)
+            # Handed on only to a value of the same kind: a memory that held several
+            # facts was superseded for one of them, not for this one's.
+            if target is not None and _family(subject.get(target)) != _family(row.subject):
+                target = None
+            relink.setdefault(target, []).append(row.id)
         for target, linked in relink.items():
             yield update(self.table).where(c.id.in_(linked)).values(superseded_by=target)
         yield delete(self.table).where(c.id.in_(list(gone)))

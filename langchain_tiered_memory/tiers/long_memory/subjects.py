@@ -134,7 +134,7 @@ _RULES: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = (
     *((re.compile(pattern), re.compile(_AMOUNT), "price:") for pattern in _PRICES),
 )
 # "M6 螺丝" is one item: a model number stays with the Chinese noun after it.
-_LATIN_SPACE_CJK = re.compile(r"(?<=[a-z0-9])\s+(?=[\u4e00-\u9fff])")
+_LATIN_SPACE_CJK = re.compile(r"(?<=[a-zA-Z0-9])\s+(?=[\u4e00-\u9fff])")
 # Words that come before a Chinese item without being part of it.
 _ZH_SPLIT = re.compile(r"[把将是了和与及为对从给让请说：:，,\s]")
 _ZH_PREFIXES = (
@@ -163,11 +163,34 @@ _EN_POSSESSIVE = re.compile(
     rf"(?<![{_LATIN}.'\-])"
     rf"(?:(?:([{_LATIN}][{_LATIN}.\-]*+)\s++)?([{_LATIN}][{_LATIN}.\-]*+)'s?"
     r"|(our|my|your|their|his|her|its))\s++"
-    r"(?:(?!(?:and|or|the|a|an|our|my|your|their|his|her|its|is|are|was|were|to|of|for"
-    rf"|with|that|this|not|says|said)\s)[{_LATIN}\-]++\s++){{0,2}}$"
+    r"((?:(?!(?:and|or|the|a|an|our|my|your|their|his|her|its|is|are|was|were|to|of|for"
+    rf"|with|that|this|not|says|said)\s)[{_LATIN}\-]++\s++){{0,2}})$"
+)
+# Words between "our" and the subject that keep it ours even in capitals: "Our New IBAN".
+_EN_PLAIN = frozenset(
+    {"new", "current", "old", "updated", "latest", "correct", "bank", "main", "primary"}
+    | {"registered", "billing", "shipping", "delivery", "office", "contact", "official"}
+    | {"default", "usual", "company", "business", "own", "full", "postal", "mailing"}
+)
+# "For ACME, the IBAN is ...": the owner leads the sentence.
+_EN_LEAD = re.compile(
+    rf"(?<![{_LATIN}])(?:for|with|at)\s++((?:[{_LATIN}][{_LATIN}.\-]*+\s*+){{1,3}}),"
+    r"\s*+(?:(?:the|its|their)\s++)?$"
+)
+# A name in capitals right before the subject: "ACME IBAN: ...".
+_EN_CAPITALS = re.compile(
+    r"(?<![\w&.'\-])([A-Z][A-Z0-9&]{1,15})\s++(?:(?i:new|current|bank|main)\s++){0,2}$"
+)
+# Capitals that are no name: "EUR IBAN", "UK phone", "NEW IBAN".
+_EN_ACRONYMS = frozenset(
+    {"iban", "eur", "usd", "gbp", "cny", "rmb", "uk", "eu", "us", "swift", "bic", "vat", "po"}
+    | {"id", "new", "our", "the", "my", "your", "old", "sepa", "erp", "crm", "hq", "no", "ok"}
+    | {"please", "note", "fyi", "update", "updated", "correction", "current", "main", "bank"}
 )
 _ZH_POSSESSIVE = re.compile(r"([a-z0-9&.\-\u4e00-\u9fff]{1,20})的[\u4e00-\u9fff]{0,3}$")
-_EN_PRONOUNS = {"our": SELF, "my": SELF, "your": SELF, "us": SELF, "me": SELF}
+# Ours; "your" and "you" are the assistant's in the user's words and the user's in the
+# assistant's, so they are not known.
+_EN_PRONOUNS = {"our": SELF, "my": SELF, "us": SELF, "me": SELF}
 # Not a possessive: "let's", "it's", "that's" (``'s`` is "is" or "us").
 _EN_NOT_OWNERS = frozenset(
     {"let", "it", "that", "what", "here", "there", "who", "he", "she", "where", "how", "one"}
@@ -175,6 +198,19 @@ _EN_NOT_OWNERS = frozenset(
 # A time names nobody: "today's price", "last year's terms".
 _EN_TIMES = frozenset(
     {"today", "yesterday", "tomorrow", "tonight", "week", "month", "year", "quarter", "day"}
+    | {"q1", "q2", "q3", "q4", "january", "february", "march", "april", "may", "june", "july"}
+    | {"august", "september", "october", "november", "december", "monday", "tuesday"}
+    | {"wednesday", "thursday", "friday", "saturday", "sunday", "weekend", "season"}
+)
+# What a link names that is a purpose, not an owner ("the address for invoices"): such a
+# sentence gets no subject.
+_EN_PURPOSES = frozenset(
+    {"order", "orders", "invoice", "invoices", "payment", "payments", "transfer", "transfers"}
+    | {"delivery", "deliveries", "refund", "refunds", "return", "returns", "shipping"}
+)
+# Where a link's owner ends: "with ACME since January".
+_EN_OWNER_END = frozenset(
+    {"since", "starting", "from", "until", "as", "after", "before", "effective", "now"}
 )
 # A role is nobody in particular: "the supplier's IBAN" is some supplier's.
 _EN_ROLES = frozenset(
@@ -188,8 +224,10 @@ _EN_SELF = frozenset({"company", "firm", "business"})
 _EN_CORPORATE = frozenset(
     {"corp", "inc", "ltd", "llc", "gmbh", "co", "plc", "ag", "sa", "group", "holdings"}
 )
-_ZH_SELF = ("我们", "我司", "我方", "本公司", "公司", "咱们", "我", "您", "你们", "你")
-_ZH_OTHERS = ("他们", "她们", "它们", "对方", "他", "她", "它", "其")
+_ZH_SELF = frozenset(
+    {"我们", "我司", "我方", "本公司", "公司", "咱们", "我", "我们公司", "我公司", "本人"}
+)
+_ZH_OTHERS = ("他们", "她们", "它们", "对方", "他", "她", "它", "其", "你们", "你", "您")
 _ZH_ROLES = ("供应商", "客户", "厂商", "厂家", "通知")
 # Pure-Chinese owners are names of these kinds: "华东仓库", "张经理", "中国银行".
 _ZH_ENTITIES = (
@@ -199,12 +237,13 @@ _ZH_ENTITIES = (
 # Words before the 的 that say which, not whose: "合同约定的付款条件", "最近的地址".
 _ZH_WHICH = frozenset(
     {"合同", "约定", "合同约定", "最近", "现在", "目前", "当前", "原来", "以前", "之前", "新"}
-    | {"旧", "最新", "默认", "正确", "实际", "原", "常用", "上述", "以上", "下面"}
+    | {"旧", "最新", "默认", "正确", "实际", "原", "常用", "上述", "以上", "下面", "最终"}
+    | {"这次", "本次", "上次", "新版", "当时", "今后", "将来"}
 )
 _ZH_TIME = frozenset("年月日天周")
 # Words before an owner that are no part of it: "付到ACME的IBAN", "跟ACME的付款条件".
 # ("ACME给我们的付款条件" is ACME's.)
-_ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及为对从让请说到向在用按跟同找问：:，,\s]")
+_ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及对从让请说到向在按跟找问：:，,\s]")
 _EN_STOP = frozenset(
     {"a", "an", "the", "our", "my", "your", "their", "new", "current", "old", "that", "this"}
     | {"these", "those", "and", "so", "then", "now", "is", "of", "for", "to", "said"}
@@ -236,7 +275,10 @@ def subject_of(text: str) -> str | None:
         sentence = sentence.strip()
         if not sentence or sentence[-1] in "?？" or not _VALUE.search(sentence):
             continue
-        lowered = _LATIN_SPACE_CJK.sub("", sentence.lower().replace("’", "'"))
+        cased = _LATIN_SPACE_CJK.sub("", sentence.replace("’", "'"))
+        lowered = cased.lower()
+        if len(lowered) != len(cased):  # a letter whose lower case is longer ("İ")
+            cased = lowered
         for pattern, value, key in _RULES:
             for found in pattern.finditer(lowered):
                 after = _states_value(lowered[found.end() :], value)
@@ -247,7 +289,7 @@ def subject_of(text: str) -> str | None:
                     if not item:
                         continue
                     key += item
-                owner = _owner_before(lowered[: found.start()])
+                owner = _owner_before(lowered[: found.start()], cased[: found.start()])
                 if key.startswith("price:"):  # a price is the seller's: only a name counts
                     owner = "" if owner in (None, SELF, _UNKNOWN) else owner
                 elif owner is None:
@@ -288,23 +330,36 @@ def _states_value(rest: str, value: re.Pattern[str]) -> str | None:
     return owner
 
 
-def _owner_before(head: str) -> str | None:
+def _owner_before(head: str, cased: str) -> str | None:
     """Whose subject the words right before it name ("ACME's", "our", "ACME的").
+
+    Args:
+        head: The sentence before the subject's name, lower case.
+        cased: The same, as written (an upper-case name: "ACME IBAN").
 
     Returns:
         ``None`` if they name nobody, else the owner, :data:`SELF`, ``""`` (a
         time or a "which": "today's", "最近的") or ``_UNKNOWN``.
     """
-    tail = head[-80:]
+    tail, cased_tail = head[-80:], cased[-80:]
     found = _EN_POSSESSIVE.search(tail)
     if found is not None:
-        before, word, pronoun = found.groups()
+        before, word, pronoun, _ = found.groups()
         if pronoun is not None:
-            return _EN_PRONOUNS.get(pronoun, _UNKNOWN)
+            # "our warehouse address" is ours; "our ACME account" is not known to be.
+            between = cased_tail[found.start(4) : found.end(4)].split()
+            plain = all(w.lower() in _EN_PLAIN or w.islower() for w in between)
+            return _EN_PRONOUNS.get(pronoun, _UNKNOWN) if plain else _UNKNOWN
         return _en_possessive(before, word)
     found = _ZH_POSSESSIVE.search(tail)
     if found is not None:
         return _zh_owner(found.group(1))
+    found = _EN_LEAD.search(tail)  # "For ACME, the IBAN is ..."
+    if found is not None:
+        return _link_owner(found.group(1))
+    found = _EN_CAPITALS.search(cased_tail)  # "ACME IBAN: ...", "HSBC account number"
+    if found is not None and found.group(1).lower() not in _EN_ACRONYMS:
+        return found.group(1).lower()
     return None
 
 
@@ -313,7 +368,7 @@ def _en_possessive(before: str | None, word: str) -> str | None:
     word = word.strip(".")
     if word in _EN_NOT_OWNERS:
         return None
-    if word in _EN_TIMES:
+    if word in _EN_TIMES or word.isdigit():
         return ""
     if word in _EN_SELF:
         return SELF
@@ -327,15 +382,19 @@ def _en_possessive(before: str | None, word: str) -> str | None:
 def _link_owner(raw: str) -> str:
     """The owner a link names ("with our supplier ACME" -> ``"acme"``), or ``""``."""
     words = [word.strip(".'") for word in raw.split()]
+    ends = [i for i, w in enumerate(words) if w in _EN_OWNER_END]
+    words = words[: ends[0]] if ends else words
     if len(words) == 1 and words[0] in _EN_PRONOUNS:
-        return SELF
-    if words and words[-1] in _EN_ROLES:
+        return _EN_PRONOUNS[words[0]]
+    if words and words[-1] in _EN_ROLES | {"you"}:
         return _UNKNOWN
     stops = [i for i, w in enumerate(words) if w in _EN_STOP]
     words = words[stops[-1] + 1 :] if stops else words
     while len(words) > 1 and words[0] in _EN_ROLES:
         words = words[1:]
-    if not words or any(not w or w in _EN_TIMES for w in words):
+    if any(w in _EN_PURPOSES for w in words):
+        return _UNKNOWN
+    if not words or any(not w or w in _EN_TIMES or any(c.isdigit() for c in w) for w in words):
         return ""
     return " ".join(words)
 
@@ -343,10 +402,12 @@ def _link_owner(raw: str) -> str:
 def _zh_owner(raw: str) -> str:
     """A Chinese owner; see :func:`_owner_before`: ``"供应商ACME"`` -> ``"acme"``."""
     piece = _strip(_ZH_OWNER_SPLIT.split(raw)[-1], _ZH_PREFIXES, from_end=False)
+    if re.search(r"\d(?:[年月日号]|$)|[后份]$", piece):  # "2024年的", "3月份的", "调整后的"
+        return ""
     latin = re.findall(r"[a-z0-9&][a-z0-9&.\-]*+", piece)
     if latin:  # "acme签", "acme新", "acme给我们": the name
         return latin[-1].strip(".")
-    if piece.startswith(_ZH_SELF):
+    if piece in _ZH_SELF:
         return SELF
     if piece.endswith(_ZH_OTHERS) or piece in _ZH_ROLES:
         return _UNKNOWN
