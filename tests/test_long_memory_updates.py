@@ -54,6 +54,17 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
     return {row.text.splitlines()[0]: row for row in catalog(backup)}
 
 
+def superseded_by(backup: MySQLBackup) -> dict[str, str]:
+    """What each superseded memory is superseded by, as the texts its user said."""
+    rows = rows_by_text(backup)
+    text_of = {row.id: key.split(": ", 1)[-1] for key, row in rows.items()}
+    return {
+        text_of[row.id]: text_of[row.superseded_by]
+        for row in rows.values()
+        if row.superseded_by is not None
+    }
+
+
 # -- the subject rules -----------------------------------------------------------------
 
 
@@ -228,6 +239,17 @@ def rows_by_text(backup: MySQLBackup) -> dict[str, Any]:
         ("用户：2024年的付款条件是月结30天", "payment terms"),
         ("用户：3月份的付款条件是月结30天", "payment terms"),
         ("用户：调整后的付款条件是月结60天", "payment terms"),
+        # A number or a word that only ends like a time is part of a name.
+        ("用户：1号仓库的地址是上海市浦东新区世纪大道100号", "address of 1"),
+        ("用户：ACME股份的账号是6222 0000 1111", "account number of acme"),
+        ("用户：售后的电话是13800138000", None),
+        # A role or a label in capitals is no name; a lead-in without a capital names nobody.
+        ("User: ACME sent: SUPPLIER IBAN: DE89 3704 0099", None),
+        ("User: ACME BILLING ADDRESS: 12 Main Street, Springfield", "address of acme"),
+        ("User: For the record, the IBAN is DE89 3704 0099.", "iban"),
+        ("User: For Reference, the IBAN is DE89 3704 0099.", "iban"),
+        ("User: With immediate effect, the IBAN is DE89 3704 0099.", "iban"),
+        ("User: For our supplier ACME, the IBAN is DE89 3704 0099.", "iban of acme"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -569,6 +591,39 @@ OWNER_STORIES = {
         ],
         {"ACME's payment terms are net 30 days.": "The payment terms are now net 60 days."},
     ),
+    "zh: numbered warehouses are two owners": (
+        ["1号仓库的地址是上海市浦东新区世纪大道100号。", "2号仓库的地址是北京市朝阳区建国路88号。"],
+        {},
+    ),
+    "zh: a company's full name is its name": (
+        ["Globex的账号是6222 0000 2222。", "ACME股份的账号是6222 0000 1111。"],
+        {},
+    ),
+    "a label in capitals is nobody's": (
+        [
+            "ACME's IBAN is DE89 3704 0044.",
+            "Globex's IBAN is FR76 3000 6000.",
+            "ACME sent: SUPPLIER IBAN: DE89 3704 0099",
+            "Globex sent: SUPPLIER IBAN: FR76 3000 6099",
+        ],
+        {},
+    ),
+    "capitals with a plain word between": (
+        [
+            "ACME BILLING ADDRESS: 12 Main Street, Springfield",
+            "GLOBEX BILLING ADDRESS: 14 Main Street, Springfield",
+        ],
+        {},
+    ),
+    "a lead-in names nobody once two owners are named": (
+        [
+            "ACME's IBAN is DE89 3704 0044.",
+            "Globex's IBAN is FR76 3000 6000.",
+            "ACME called. For the record, the IBAN is DE89 3704 0099.",
+            "Globex called. For the record, the IBAN is FR76 3000 6099.",
+        ],
+        {},
+    ),
     "zh: a family member is not us": (
         ["我的电话是13800138000。", "我妈的电话是13900139000。"],
         {},
@@ -580,23 +635,34 @@ OWNER_STORIES = {
 }
 
 
+def answer_a_move(prompt: str) -> str:
+    """An extractor that answers "We moved" with an UPDATE of the IBAN and the address."""
+    offered = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
+    said = prompt.rsplit("User: ", 1)[-1].split("\n")[0]
+    if "moved" not in said:
+        return said
+    ids = {("iban" if "IBAN" in text else "address"): memory_id for memory_id, text in offered}
+    return (
+        f"UPDATE [{ids['iban']}]: Our IBAN is GB99 BUKB 2020.\n"
+        f"UPDATE [{ids['address']}]: Our address is 2 New Road."
+    )
+
+
+def tell_each_a_day_apart(backup: MySQLBackup, memory: ChromaLongMemory, texts: list[str]) -> None:
+    """Each text in a session of its own (s1, s2, ...), a day apart, each extracted."""
+    for n, text in enumerate(texts, start=1):
+        tell(backup, memory, f"s{n}", text, f"2023-05-{n:02d}")
+        memory.run_pending()
+
+
 @pytest.mark.parametrize("story", list(OWNER_STORIES))
 def test_whose_value_it_is_decides_what_it_supersedes(
     make_memory: MakeMemory, backup: MySQLBackup, story: str
 ) -> None:
     """Each statement in its own session, a day apart; what each older one is superseded by."""
     texts, superseded = OWNER_STORIES[story]
-    memory = make_memory()
-    for n, text in enumerate(texts, start=1):
-        tell(backup, memory, f"s{n}", text, f"2023-05-{n:02d}")
-        memory.run_pending()
-    rows = rows_by_text(backup)
-    text_of = {row.id: key.split(": ", 1)[1] for key, row in rows.items()}
-    assert {
-        text_of[row.id]: text_of[row.superseded_by]
-        for row in rows.values()
-        if row.superseded_by is not None
-    } == superseded
+    tell_each_a_day_apart(backup, make_memory(), texts)
+    assert superseded_by(backup) == superseded
 
 
 def test_what_supersedes_what_does_not_depend_on_how_turns_are_batched(
@@ -924,6 +990,12 @@ A, B = "0f" * 16, "ab" * 16
         (f"UPDATE {A}: 无需更新", (None, ())),
         (f"UPDATE {A}: 没有变化，保持不变", (None, ())),
         (f"UPDATE {A}: -", (None, ())),
+        (f"UPDATE {A}: NONE (nothing changed since 2023)", (None, ())),
+        (f"UPDATE {A}: Unchanged (still valid as of 5 May)", (None, ())),
+        (f"UPDATE {A}: No.", (None, ())),
+        # Marks over a text, or a bare "no" before words, start a value.
+        (f"UPDATE {A}: ✅\nBob Jones is the contact.", ("✅\nBob Jones is the contact.", (A,))),
+        (f"UPDATE {A}: No, ACME now pays net sixty.", ("No, ACME now pays net sixty.", (A,))),
         (
             f"UPDATE {A}: None of our suppliers accept cheques.",
             ("None of our suppliers accept cheques.", (A,)),
@@ -1042,29 +1114,17 @@ def test_forgetting_a_memory_of_several_facts_lets_each_older_value_stand_again(
 ) -> None:
     """A memory that updated an IBAN and an address is superseded for its IBAN only."""
 
-    def respond(prompt: str) -> str:
-        offered = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
-        said = prompt.rsplit("User: ", 1)[-1].split("\n")[0]
-        if "moved" not in said:
-            return said
-        ids = {("iban" if "IBAN" in text else "address"): memory_id for memory_id, text in offered}
-        return (
-            f"UPDATE [{ids['iban']}]: Our IBAN is GB99 BUKB 2020.\n"
-            f"UPDATE [{ids['address']}]: Our address is 2 New Road."
-        )
-
-    memory = make_memory(extractor=extractor(respond))
-    for n, text in enumerate(
+    memory = make_memory(extractor=extractor(answer_a_move))
+    tell_each_a_day_apart(
+        backup,
+        memory,
         [
             "Our IBAN is GB33 BUKB 2020.",
             "Our address is 1 Old Road.",
             "We moved: new bank, new office.",
             "Our IBAN is now DE89 3704 0044.",
         ],
-        start=1,
-    ):
-        tell(backup, memory, f"s{n}", text, f"2023-05-0{n}")
-        memory.run_pending()
+    )
     by_text = {row.text.splitlines()[0]: row for row in catalog(backup)}
     assert (
         by_text["Our address is 1 Old Road."].superseded_by
@@ -1077,3 +1137,44 @@ def test_forgetting_a_memory_of_several_facts_lets_each_older_value_stand_again(
         == by_text["Our IBAN is now DE89 3704 0044."].id
     )
     assert by_text["Our address is 1 Old Road."].superseded_by is None  # stands again
+
+
+# Stories of forgetting: the extractor (None: raw turns), the texts a day apart, the
+# session forgotten, and what each superseded memory is superseded by afterwards.
+FORGET_STORIES: dict[str, tuple[Callable[[str], str] | None, list[str], str, dict[str, str]]] = {
+    "a newer value of its subject replaces the value that stands again": (
+        answer_a_move,
+        [
+            "Our IBAN is GB33 BUKB 2020.",
+            "Our address is 1 Old Road.",
+            "We moved: new bank, new office.",
+            "Our address is now 3 Third Street.",
+        ],
+        "s3",
+        {"Our address is 1 Old Road.": "Our address is now 3 Third Street."},
+    ),
+    "an owner's value comes back to the owner's newest": (
+        None,
+        [
+            "ACME's IBAN is DE89 3704 0044.",
+            "The IBAN is now NL91 ABNA 0417.",
+            "Globex's IBAN is FR76 3000 6000.",
+            "ACME's IBAN is now GB33 BUKB 2020.",
+        ],
+        "s2",
+        {"ACME's IBAN is DE89 3704 0044.": "ACME's IBAN is now GB33 BUKB 2020."},
+    ),
+}
+
+
+@pytest.mark.parametrize("story", list(FORGET_STORIES))
+def test_a_value_that_stands_again_is_superseded_by_a_newer_one_of_its_subject(
+    make_memory: MakeMemory, backup: MySQLBackup, story: str
+) -> None:
+    """Forgetting the memory that superseded a value lets it stand again only if no newer
+    value of its own subject stands."""
+    respond, texts, forgotten, superseded = FORGET_STORIES[story]
+    memory = make_memory() if respond is None else make_memory(extractor=extractor(respond))
+    tell_each_a_day_apart(backup, memory, texts)
+    memory.forget(session_id=forgotten)
+    assert superseded_by(backup) == superseded

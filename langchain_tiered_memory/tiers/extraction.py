@@ -26,14 +26,18 @@ logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
 # An update's first line that says nothing changed ("NONE", "N/A — no update needed",
-# "无需更新"), then at most a remark after a mark. A line that goes on in words ("None
-# of our suppliers ...") or to a digit or an "@" ("None - terms are now net 60",
-# "没有, 付款条件改为月结60天") states a value.
+# "无需更新"), then at most a remark in brackets ("NONE (nothing changed since 2023)") or
+# after a mark. A line that goes on in words ("None of our suppliers ...") or to a digit
+# or an "@" after a mark ("None - terms are now net 60", "没有, 付款条件改为月结60天")
+# states a value; a bare "no" or "没有" takes no remark ("No, ACME now pays net sixty").
 _NO_CHANGE = re.compile(
-    r"[\W_]*+(?:(?:none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
-    r"(?:\s+needed)?|no|nothing\s+(?:new|changed|to\s+update)|unchanged|same\s+as\s+before"
-    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|没有|无|不变|未变)(?![\w/]))?"
-    r"(?:[ \t]*+[^\w\s][^\d@\n]*+)?+[ \t]*+$",
+    r"[\W_]*+(?:"
+    r"(?:none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
+    r"(?:\s+needed)?|nothing\s+(?:new|changed|to\s+update)|unchanged|same\s+as\s+before"
+    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变)(?![\w/])"
+    r"(?:[ \t]*+[(（\[【][^)）\]】\n]*+[)）\]】]|[ \t]*+[^\w\s(（\[【][^\d@\n]*+)?+"
+    r"|(?:no|没有|无)(?![\w/])[^\w\n]*+"
+    r")[ \t]*+$",
     re.IGNORECASE,
 )
 # Line ends as models write them: Windows, old Mac, Unicode line separators.
@@ -217,7 +221,8 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
             msg = f"the extractor answered UPDATE {found.group(3)[:80]!r} without the new text"
             raise ValueError(msg)
         first_line, _, rest = new_text.partition("\n")
-        if _NO_CHANGE.match(first_line.strip(_MARKUP)):
+        # Only marks ("--", "…") say nothing either; "✅" over a text is that text's.
+        if _NO_CHANGE.match(first_line.strip(_MARKUP)) or not any(map(str.isalnum, new_text)):
             parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
             continue
         if known is None:

@@ -356,46 +356,51 @@ class Catalog:
                     .where(c.id.in_(replaced), scope)
                     .values(superseded_by=memory.id)
                 )
-            if memory.subject is None:
-                continue
-            family = family_of(memory.subject)
-            # Every memory of the family, superseded ones too: a value that named
-            # nobody and superseded ACME's is still ACME's, so owners named are
-            # counted over all of them, up to each memory's own time.
-            result = yield select(c.id, c.turn_at, c.seq, c.superseded_by, c.subject).where(
-                scope,
-                (c.subject == family)
-                | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
-            )
-            rows = sorted(result.all(), key=lambda row: (row.turn_at, row.seq))
-            mine = next((row for row in rows if row.id == memory.id), None)
-            if mine is None:  # not in this scope's catalog (merged away)
-                continue
-            named: set[str] = set()
-            owners: dict[str, int] = {}  # owners named up to each memory, by its id
-            for row in rows:
-                if row.subject != family:
-                    named.add(row.subject)
-                owners[row.id] = len(named)
-            order = (mine.turn_at, mine.seq)
-            live = [row for row in rows if row.id != memory.id and row.superseded_by is None]
-            older = [
-                row.id
-                for row in live
-                if (row.turn_at, row.seq) < order
-                and replaces(memory.subject, row.subject, owners[mine.id])
-            ]
-            newer = [
-                row
-                for row in live
-                if (row.turn_at, row.seq) > order
-                and replaces(row.subject, memory.subject, owners[row.id])
-            ]
-            if older:
-                yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory.id)
-            if newer:
-                newest = max(newer, key=lambda row: (row.turn_at, row.seq))
-                yield (update(self.table).where(c.id == memory.id).values(superseded_by=newest.id))
+            if memory.subject is not None:
+                yield from self._subject_plan(memory.id, memory.subject, scope)
+
+    def _subject_plan(self, memory_id: str, subject: str, scope: Any) -> Plan[None]:
+        """Link one memory of ``subject`` with the live ones of its family it replaces.
+
+        See :meth:`supersede_plan`: the older ones it replaces are superseded by it,
+        and it by the newest one that replaces it.
+        """
+        c = self.table.c
+        family = family_of(subject)
+        # Every memory of the family, superseded ones too: a value that named
+        # nobody and superseded ACME's is still ACME's, so owners named are
+        # counted over all of them, up to each memory's own time.
+        result = yield select(c.id, c.turn_at, c.seq, c.superseded_by, c.subject).where(
+            scope,
+            (c.subject == family) | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
+        )
+        rows = sorted(result.all(), key=lambda row: (row.turn_at, row.seq))
+        mine = next((row for row in rows if row.id == memory_id), None)
+        if mine is None:  # not in this scope's catalog (merged away)
+            return
+        named: set[str] = set()
+        owners: dict[str, int] = {}  # owners named up to each memory, by its id
+        for row in rows:
+            if row.subject != family:
+                named.add(row.subject)
+            owners[row.id] = len(named)
+        order = (mine.turn_at, mine.seq)
+        live = [row for row in rows if row.id != memory_id and row.superseded_by is None]
+        older = [
+            row.id
+            for row in live
+            if (row.turn_at, row.seq) < order and replaces(subject, row.subject, owners[mine.id])
+        ]
+        newer = [
+            row
+            for row in live
+            if (row.turn_at, row.seq) > order and replaces(row.subject, subject, owners[row.id])
+        ]
+        if older:
+            yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory_id)
+        if newer:
+            newest = max(newer, key=lambda row: (row.turn_at, row.seq))
+            yield update(self.table).where(c.id == memory_id).values(superseded_by=newest.id)
 
     def owner_condition(self, session_id: str, user_id: str | None) -> Any:
         """The scope a memory of a session supersedes in: its user's, else its session's."""
@@ -476,8 +481,8 @@ class Catalog:
 
         A memory another one is superseded by hands that link on to its own
         successor (when that one stays and states a value of the same family, or
-        neither states one), else the other one stands again: no link points at a
-        deleted memory.
+        neither states one), else the other one stands again, unless a newer
+        memory of its subject replaces it: no link points at a deleted memory.
         """
         c = self.table.c
         gone = set(ids)
@@ -491,7 +496,7 @@ class Catalog:
                 memory_id = successor.get(memory_id)
             return None if memory_id in gone else memory_id
 
-        result = yield select(c.id, c.superseded_by, c.subject).where(
+        result = yield select(c.id, c.superseded_by, c.subject, c.session_id, c.user_id).where(
             c.superseded_by.in_(list(gone)), c.id.not_in(list(gone))
         )
         linked_rows = result.all()
@@ -509,6 +514,11 @@ class Catalog:
         for target, linked in relink.items():
             yield update(self.table).where(c.id.in_(linked)).values(superseded_by=target)
         yield delete(self.table).where(c.id.in_(list(gone)))
+        for row in linked_rows:
+            if row.id in relink.get(None, ()) and row.subject is not None:
+                # It stands again: a newer value of its own subject may replace it.
+                scope = self.owner_condition(row.session_id, row.user_id)
+                yield from self._subject_plan(row.id, row.subject, scope)
 
     def count_plan(self) -> Plan[int]:
         """How many memories the catalog holds."""

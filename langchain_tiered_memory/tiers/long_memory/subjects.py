@@ -177,10 +177,15 @@ _EN_LEAD = re.compile(
     rf"(?<![{_LATIN}])(?:for|with|at)\s++((?:[{_LATIN}][{_LATIN}.\-]*+\s*+){{1,3}}),"
     r"\s*+(?:(?:the|its|their)\s++)?$"
 )
-# A name in capitals right before the subject: "ACME IBAN: ...".
-_EN_CAPITALS = re.compile(
-    r"(?<![\w&.'\-])([A-Z][A-Z0-9&]{1,15})\s++(?:(?i:new|current|bank|main)\s++){0,2}$"
+# What leads a sentence without naming anybody: "For reference, the IBAN is ...".
+_EN_LEAD_WORDS = frozenset(
+    {"record", "reference", "information", "info", "moment", "example", "instance", "now"}
+    | {"effect", "immediate effect", "clarity", "context", "convenience", "completeness"}
+    | {"today", "future", "time being", "avoidance", "short", "sure", "least", "most"}
 )
+# A name in capitals right before the subject ("ACME IBAN: ...", "ACME BILLING ADDRESS"),
+# with up to two plain words or acronyms between.
+_EN_CAPITALS = re.compile(r"(?<![\w&.'\-])([A-Z][A-Z0-9&]{1,15})\s++((?:[A-Za-z]++\s++){0,2})$")
 # Capitals that are no name: "EUR IBAN", "UK phone", "NEW IBAN".
 _EN_ACRONYMS = frozenset(
     {"iban", "eur", "usd", "gbp", "cny", "rmb", "uk", "eu", "us", "swift", "bic", "vat", "po"}
@@ -241,6 +246,8 @@ _ZH_WHICH = frozenset(
     | {"这次", "本次", "上次", "新版", "当时", "今后", "将来"}
 )
 _ZH_TIME = frozenset("年月日天周")
+# An owner's place that is a time: "2024年的", "3月份的", "调整后的" ("1号仓库的" is a name).
+_ZH_WHEN = re.compile(r"\d[年月日号]?$|月份$|(?:调整|变更|修改|更新|变动|改)后$")
 # Words before an owner that are no part of it: "付到ACME的IBAN", "跟ACME的付款条件".
 # ("ACME给我们的付款条件" is ACME's.)
 _ZH_OWNER_SPLIT = re.compile(r"[把将是了和与及对从让请说到向在按跟找问：:，,\s]")
@@ -356,11 +363,24 @@ def _owner_before(head: str, cased: str) -> str | None:
         return _zh_owner(found.group(1))
     found = _EN_LEAD.search(tail)  # "For ACME, the IBAN is ..."
     if found is not None:
-        return _link_owner(found.group(1))
+        owner = _link_owner(found.group(1))
+        if owner in (SELF, _UNKNOWN, ""):
+            return owner
+        # A name is written with a capital: "For the record, ..." names nobody.
+        lead = cased_tail[found.start(1) : found.end(1)]
+        at = found.group(1).rfind(owner.split()[0])
+        return None if owner in _EN_LEAD_WORDS or not lead[at : at + 1].isupper() else owner
     found = _EN_CAPITALS.search(cased_tail)  # "ACME IBAN: ...", "HSBC account number"
-    if found is not None and found.group(1).lower() not in _EN_ACRONYMS:
-        return found.group(1).lower()
-    return None
+    if found is None:
+        return None
+    name, between = found.group(1).lower(), found.group(2).lower().split()
+    if any(word not in _EN_PLAIN and word not in _EN_ACRONYMS for word in between):
+        return None
+    if name in _EN_ROLES or name in _EN_PURPOSES:  # "SUPPLIER IBAN": somebody's
+        return _UNKNOWN
+    if name in _EN_ACRONYMS or name in _EN_PLAIN:
+        return None
+    return name
 
 
 def _en_possessive(before: str | None, word: str) -> str | None:
@@ -402,7 +422,7 @@ def _link_owner(raw: str) -> str:
 def _zh_owner(raw: str) -> str:
     """A Chinese owner; see :func:`_owner_before`: ``"供应商ACME"`` -> ``"acme"``."""
     piece = _strip(_ZH_OWNER_SPLIT.split(raw)[-1], _ZH_PREFIXES, from_end=False)
-    if re.search(r"\d(?:[年月日号]|$)|[后份]$", piece):  # "2024年的", "3月份的", "调整后的"
+    if _ZH_WHEN.search(piece):  # "2024年的", "3月份的", "调整后的"
         return ""
     latin = re.findall(r"[a-z0-9&][a-z0-9&.\-]*+", piece)
     if latin:  # "acme签", "acme新", "acme给我们": the name
