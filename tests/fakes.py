@@ -8,6 +8,8 @@ import io
 import math
 import operator
 import re
+import struct
+import wave
 from collections.abc import Iterator, Sequence
 from functools import reduce
 from typing import Any
@@ -243,6 +245,40 @@ class ChunkedChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         for chunk in self.replies.pop(0):
             yield ChatGenerationChunk(message=chunk)
+
+
+def wav_base64(seconds: float, rate: int = 16_000) -> str:
+    """A real WAV recording of ``seconds`` of silence (16-bit mono) as base64."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as recording:
+        recording.setnchannels(1)
+        recording.setsampwidth(2)
+        recording.setframerate(rate)
+        recording.writeframes(b"\0\0" * int(seconds * rate))
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def mp4_base64(seconds: int) -> str:
+    """An MP4 whose movie header says it lasts ``seconds``, as base64."""
+
+    def atom(name: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I4s", 8 + len(payload), name) + payload
+
+    header = atom(b"mvhd", bytes(4) + struct.pack(">IIII", 0, 0, 1000, seconds * 1000) + bytes(80))
+    data = atom(b"ftyp", b"isom\0\0\0\0isom") + atom(b"moov", header) + atom(b"mdat", bytes(4096))
+    return base64.b64encode(data).decode()
+
+
+def pdf_base64(pages: int) -> str:
+    """A real PDF of ``pages`` blank pages as base64."""
+    import pypdf
+
+    writer = pypdf.PdfWriter()
+    for _ in range(pages):
+        writer.add_blank_page(612, 792)
+    out = io.BytesIO()
+    writer.write(out)
+    return base64.b64encode(out.getvalue()).decode()
 
 
 def image_base64(width: int, height: int, image_format: str = "PNG", exif_bytes: int = 0) -> str:

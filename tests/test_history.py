@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -26,9 +28,22 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, estimate_tokens
-from langchain_tiered_memory.text.tokens import TOKENS_PER_UNSIZED_IMAGE, image_tokens
+from langchain_tiered_memory.text.media import (
+    TOKENS_PER_UNREAD_MEDIA,
+    TOKENS_PER_UNSIZED_IMAGE,
+    image_tokens,
+)
 
-from .fakes import CountingModel, RecordingChatModel, image_base64, replies, turn
+from .fakes import (
+    CountingModel,
+    RecordingChatModel,
+    image_base64,
+    mp4_base64,
+    pdf_base64,
+    replies,
+    turn,
+    wav_base64,
+)
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:
@@ -188,6 +203,92 @@ def test_an_image_counts_what_its_size_costs() -> None:
         [{"type": "text", "text": "step 1"}, {"type": "image", "base64": image_base64(1280, 800)}]
     )
     assert estimate_tokens(screenshot) == estimate_tokens(HumanMessage("step 1")) + 1366
+
+
+def media_tokens_of(block: dict[str, object]) -> int:
+    """What one media block adds to a message."""
+    return estimate_tokens(HumanMessage([block])) - estimate_tokens(HumanMessage([]))
+
+
+def test_audio_video_and_files_count_what_they_hold() -> None:
+    """A minute of audio is 1,920 tokens on Gemini, 42 s of video about 12,000, a 7-page
+    PDF up to 21,000 on Anthropic: each counts that in every provider's block shape, not 85."""
+    minute = wav_base64(60)
+    audio = [
+        {"type": "audio", "base64": minute, "mime_type": "audio/wav"},
+        {"type": "audio", "source_type": "base64", "data": minute, "mime_type": "audio/wav"},
+        {"type": "input_audio", "input_audio": {"data": minute, "format": "wav"}},
+        {"type": "audio", "url": f"data:audio/wav;base64,{minute}"},
+    ]
+    assert [media_tokens_of(block) for block in audio] == [60 * 32] * 4
+    assert media_tokens_of({"type": "audio", "base64": wav_base64(2.5, 8000)}) == 80
+    assert media_tokens_of({"type": "video", "base64": mp4_base64(42)}) == 42 * 290
+
+    pages = pdf_base64(7)
+    files = [
+        {"type": "file", "base64": pages, "mime_type": "application/pdf"},
+        {"type": "file", "source_type": "base64", "data": pages, "mime_type": "application/pdf"},
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": pages},
+        },
+        {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{pages}"}},
+        {"type": "input_file", "file_data": f"data:application/pdf;base64,{pages}"},
+    ]
+    assert [media_tokens_of(block) for block in files] == [7 * 3000] * 5
+
+    # A text document counts as its text, in Chinese too.
+    text = "应收账款表 ar_invoice 按客户汇总。" * 300
+    encoded = base64.b64encode(text.encode()).decode()
+    for block in (
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}},
+        {"type": "file", "base64": encoded, "mime_type": "text/plain"},
+        {"type": "input_file", "file_data": f"data:text/plain;base64,{encoded}"},
+    ):
+        assert media_tokens_of(block) == estimate_tokens(text) > 3000
+
+
+def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
+    """A URL or a file id is charged as an unsized image; data of an unknown format by
+    its length (16 kbit/s for audio, 250 kbit/s for video, 4 bytes a token for a file);
+    a header's length is believed only up to what its bytes can hold."""
+    for block in (
+        {"type": "audio", "url": "https://example.com/call.mp3"},
+        {"type": "file", "file_id": "file-abc"},
+        {"type": "file", "file": {"file_id": "file-abc"}},
+        {"type": "video", "source_type": "url", "url": "https://example.com/a.mp4"},
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+        {"type": "input_file", "file_url": "https://example.com/a.pdf"},
+    ):
+        assert media_tokens_of(block) == TOKENS_PER_UNREAD_MEDIA, block
+    noise = base64.b64encode(bytes(range(256)) * 800).decode()  # 204,800 bytes
+    assert media_tokens_of({"type": "audio", "base64": noise}) == 204_800 * 32 // 2000 + 1
+    assert media_tokens_of({"type": "video", "base64": noise}) == math.ceil(204_800 * 290 / 31_250)
+    assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 4
+    assert media_tokens_of({"type": "file", "base64": "%%% not base64 %%%"}) > 0
+    # A WAV header that says 1 byte a second: 96,000 bytes are not 26 hours.
+    raw = bytearray(base64.b64decode(wav_base64(3)))
+    raw[28:32] = struct.pack("<I", 1)
+    claimed = base64.b64encode(bytes(raw)).decode()
+    assert media_tokens_of({"type": "audio", "base64": claimed}) <= len(raw) // 100 * 32
+    # A PDF cut short is not read as pages: counted by its bytes or its text.
+    cut = base64.b64encode(base64.b64decode(pdf_base64(3))[:300]).decode()
+    assert media_tokens_of({"type": "file", "base64": cut}) > 0
+
+
+def test_a_window_of_recordings_stays_within_its_budget(backup: MySQLBackup) -> None:
+    """Ten voice notes of a minute each are 19,200 tokens: a window of 8,000 keeps the
+    last four turns of them (when each counted 85, it kept all ten)."""
+    history = TieredChatMessageHistory("voice", backup=backup, window_max_tokens=8000)
+    note = {"type": "audio", "base64": wav_base64(60), "mime_type": "audio/wav"}
+    for n in range(10):
+        history.add_messages([HumanMessage([{"type": "text", "text": f"note {n}"}, note])])
+        history.add_messages([AIMessage(f"heard note {n}")])
+    window = history.messages
+    assert estimate_tokens(window) <= 8000
+    assert [m.content for m in window if isinstance(m, AIMessage)] == [
+        f"heard note {n}" for n in range(6, 10)
+    ]
 
 
 def test_chinese_is_not_undercounted() -> None:

@@ -7,48 +7,25 @@ fitted against ``cl100k_base`` (see ``benchmarks/bench_tokens.py``).
 
 from __future__ import annotations
 
-import base64
 import inspect
-import io
 import json
-import math
 import re
 import string
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
-import imagesize
 from langchain_core.messages import BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_tiered_memory.core.turns import tool_calls_of
 from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.text.media import MEDIA_BLOCKS, media_tokens
 
 T = TypeVar("T")
 
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
-#: Tokens charged per audio, video or file block, whatever its length (as
-#: langchain_core's ``count_tokens_approximately`` charges an image).
-TOKENS_PER_MEDIA_BLOCK = 85
-#: Tokens charged for an image whose size cannot be read (a URL, a file id, data
-#: of an unknown format): about the most a provider charges for one image
-#: (Anthropic about 1,600 at its 1.15 megapixel cap; OpenAI's high detail at most 1,445).
-TOKENS_PER_UNSIZED_IMAGE = 1600
-#: Image blocks (LangChain's standard block, OpenAI's Chat Completions and Responses,
-#: Anthropic's): charged by their size, read from the header of their base64 data.
-IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})
-#: Base64 characters decoded to find an image's size: its header (a JPEG's may
-#: follow tens of kilobytes of EXIF data).
-IMAGE_HEADER_CHARS = 128 * 1024
-#: The largest image side believed from a header (2**31 pixels, as PNG's limit).
-MAX_IMAGE_SIDE = 2**31 - 1
-#: Content blocks of media (LangChain's standard blocks, OpenAI's Chat Completions
-#: and Responses, Anthropic's).
-MEDIA_BLOCKS = IMAGE_BLOCKS | frozenset(
-    {"audio", "input_audio", "video", "file", "input_file", "document"}
-)
 # Blocks that repeat a tool call (Anthropic's ``tool_use``): counted once, from the
 # message's tool calls.
 _CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
@@ -86,7 +63,6 @@ def _count(text: str) -> float:
 
 _MISSING = object()
 _cache: OrderedDict[tuple[int, int], int] = OrderedDict()
-_sizes: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
 
 
 def _cached(cache: OrderedDict[tuple[int, int], T], text: str, compute: Callable[[str], T]) -> T:
@@ -141,75 +117,6 @@ def _block_text(block: dict[str, Any]) -> str:
     return json.dumps(block, ensure_ascii=False, default=str)
 
 
-def _image_head(block: dict[str, Any]) -> str | None:
-    """The start of an image block's base64 data, whatever the block's shape.
-
-    Only the start (:data:`IMAGE_HEADER_CHARS`) is copied: the block is counted
-    again at every turn, and its data may be megabytes.
-    """
-    data: Any = None
-    start = 0
-    source = block.get("source")
-    if isinstance(source, dict):  # Anthropic
-        data = source.get("data") if source.get("type") == "base64" else None
-    elif isinstance(block.get("base64"), str):  # LangChain's standard block (v1)
-        data = block["base64"]
-    elif isinstance(block.get("data"), str):  # (v0)
-        data = block["data"]
-    else:
-        url = block.get("image_url", block.get("url"))
-        if isinstance(url, dict):  # OpenAI Chat Completions
-            url = url.get("url")
-        if isinstance(url, str) and url.startswith("data:"):
-            comma = url.find(",", 0, 256)
-            if comma > 0 and url[:comma].endswith(";base64"):
-                data, start = url, comma + 1
-    if not isinstance(data, str):
-        return None
-    return data[start : start + IMAGE_HEADER_CHARS]
-
-
-def _image_size(head: str) -> tuple[int, int] | None:
-    """An image's width and height from the start of its base64 data, if readable.
-
-    Sizes come from untrusted bytes: only whole numbers of pixels up to
-    :data:`MAX_IMAGE_SIDE` count (an SVG's are floats, ``inf`` included).
-    """
-    try:
-        raw = base64.b64decode(head[: len(head) - len(head) % 4])
-        width, height = imagesize.get(io.BytesIO(raw))
-    except Exception:  # not base64, or not an image imagesize knows: charged as unsized
-        return None
-    sides = (width, height)
-    if all(type(side) is int and 0 < side <= MAX_IMAGE_SIDE for side in sides):
-        return width, height
-    return None
-
-
-def image_tokens(block: dict[str, Any]) -> int:
-    """What the most expensive of the large providers charges for an image block.
-
-    The larger of OpenAI's high-detail tiles (170 per 512-pixel tile of the image
-    fitted in 2048 and its short side in 768, plus 85) and Anthropic's pixels / 750
-    (at most 1,568 pixels on the long side and 1.15 megapixels), for the size read
-    from the header of its base64 data; :data:`TOKENS_PER_UNSIZED_IMAGE` when the
-    size cannot be read. OpenAI's ``detail: "low"`` is not taken at its word:
-    other providers' integrations drop it and charge the whole image.
-    """
-    head = _image_head(block)
-    if head is None:
-        return TOKENS_PER_UNSIZED_IMAGE
-    size = _cached(_sizes, head, _image_size)  # counted again at every turn: kept
-    if size is None:
-        return TOKENS_PER_UNSIZED_IMAGE
-    width, height = size
-    fit = min(1.0, 2048 / max(width, height))
-    fit *= min(1.0, 768 / (min(width, height) * fit))
-    tiles = math.ceil(width * fit / 512) * math.ceil(height * fit / 512)
-    shrink = min(1.0, 1568 / max(width, height), math.sqrt(1_150_000 / (width * height)))
-    return max(170 * tiles + 85, math.ceil(width * height * shrink * shrink / 750))
-
-
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
@@ -224,10 +131,8 @@ def _message_parts(message: BaseMessage) -> tuple[str, int]:
                 parts.append(block)
             elif isinstance(block, dict):
                 kind = block.get("type")
-                if kind in IMAGE_BLOCKS:
-                    fixed += image_tokens(block)
-                elif kind in MEDIA_BLOCKS:
-                    fixed += TOKENS_PER_MEDIA_BLOCK
+                if kind in MEDIA_BLOCKS:
+                    fixed += media_tokens(block, _text_tokens)
                 elif not (kind in _CALL_BLOCKS and calls):
                     parts.append(_block_text(block))
         text = "\n".join(parts)
@@ -251,9 +156,9 @@ def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
     Counts CJK characters and the words, numbers and punctuation of the rest, so
     Chinese is not undercounted the way ``len(text) / 4`` undercounts it. Messages
     add a small per-message overhead and the JSON of their tool calls; their
-    thinking and reasoning blocks count as text, each image by its size
-    (:func:`image_tokens`), each audio, video or file block as
-    :data:`TOKENS_PER_MEDIA_BLOCK`, and a block of another kind as its JSON.
+    thinking and reasoning blocks count as text, each image, audio, video or
+    file block by what it holds (:func:`~.media.media_tokens`: an image's size,
+    a recording's length, a PDF's pages), and a block of another kind as its JSON.
 
     Args:
         value: A string, one message, or a sequence of messages.
