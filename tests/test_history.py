@@ -44,6 +44,7 @@ from .fakes import (
     turn,
     wav_base64,
 )
+from .scripts import run_python
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:
@@ -266,14 +267,136 @@ def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
     assert media_tokens_of({"type": "video", "base64": noise}) == math.ceil(204_800 * 290 / 31_250)
     assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 4
     assert media_tokens_of({"type": "file", "base64": "%%% not base64 %%%"}) > 0
-    # A WAV header that says 1 byte a second: 96,000 bytes are not 26 hours.
+    # A WAV header that says 1 sample a second: 96,000 bytes are not 13 hours.
     raw = bytearray(base64.b64decode(wav_base64(3)))
-    raw[28:32] = struct.pack("<I", 1)
+    raw[24:32] = struct.pack("<II", 1, 2)
     claimed = base64.b64encode(bytes(raw)).decode()
-    assert media_tokens_of({"type": "audio", "base64": claimed}) <= len(raw) // 100 * 32
+    assert media_tokens_of({"type": "audio", "base64": claimed}) == math.ceil(len(raw) / 100 * 32)
     # A PDF cut short is not read as pages: counted by its bytes or its text.
     cut = base64.b64encode(base64.b64decode(pdf_base64(3))[:300]).decode()
     assert media_tokens_of({"type": "file", "base64": cut}) > 0
+
+
+def test_media_in_every_provider_shape_counts_what_it_holds() -> None:
+    """Google GenAI's media and file_data blocks, Bedrock Converse's blocks without a
+    type, a provider block wrapped as non_standard, an Anthropic document given as
+    content blocks, and media inside a tool result count as media, not as 40 tokens of
+    JSON or as base64 text."""
+    minute, pages = wav_base64(60), pdf_base64(7)
+    raw = base64.b64decode(minute)
+    long_text = "revenue by region " * 20_000
+    cases: list[tuple[dict[str, object], int]] = [
+        ({"type": "media", "data": raw, "mime_type": "audio/wav"}, 1920),
+        ({"type": "media", "data": minute, "mime_type": "audio/wav"}, 1920),
+        ({"type": "media", "file_uri": "gs://b/1h.mp4", "mime_type": "video/mp4"}, 1600),
+        ({"type": "file_data", "file_uri": "gs://b/1h.mp4", "mime_type": "video/mp4"}, 1600),
+        ({"audio": {"format": "wav", "source": {"bytes": raw}}}, 1920),
+        ({"document": {"format": "pdf", "name": "x", "source": {"bytes": pages}}}, 21_000),
+        ({"video": {"format": "mp4", "source": {"s3Location": {"uri": "s3://b/a.mp4"}}}}, 1600),
+        (
+            {
+                "type": "non_standard",
+                "value": {"type": "media", "data": raw, "mime_type": "audio/wav"},
+            },
+            1920,
+        ),
+        (
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [
+                    {
+                        "type": "document",
+                        "source": {
+                            "type": "base64",
+                            "media_type": "application/pdf",
+                            "data": pages,
+                        },
+                    }
+                ],
+            },
+            21_000,
+        ),
+        (
+            {
+                "type": "document",
+                "source": {"type": "content", "content": [{"type": "text", "text": long_text}]},
+            },
+            estimate_tokens(long_text),
+        ),
+    ]
+    for block, least in cases:
+        assert least <= media_tokens_of(block) < least + 50, block
+
+
+def test_a_recordings_header_is_believed_only_as_far_as_its_bytes_go() -> None:
+    """A WAV streamed to a pipe says its data never ends: 30 s count 30 s, not hours. MP3s
+    joined end to end keep the first one's header: they count their bytes at its rate."""
+    piped = bytearray(base64.b64decode(wav_base64(30)))
+    piped[4:8] = piped[40:44] = b"\xff\xff\xff\xff"
+    assert media_tokens_of({"type": "audio", "base64": base64.b64encode(piped).decode()}) == 960
+
+    frame = b"\xff\xfb\x90\x64" + bytes(413)  # MPEG-1 layer III, 128 kbit/s, 44.1 kHz
+
+    def mp3(frames: int) -> bytes:
+        xing = (
+            b"\xff\xfb\x90\x64" + bytes(32) + b"Xing" + struct.pack(">III", 3, frames, frames * 417)
+        )
+        return xing + bytes(417 - len(xing)) + frame * frames
+
+    short, long = mp3(191), mp3(22_968)  # 5 s and 10 min
+    joined = base64.b64encode(short + long).decode()
+    assert media_tokens_of({"type": "audio", "base64": joined}) >= 600 * 32
+
+
+def test_a_pdf_counts_its_page_tree_within_what_its_bytes_can_hold() -> None:
+    """A PDF after a line break or a byte-order mark is still read as a PDF; a page tree
+    that names one page 90,000 times in 4 KB counts no more pages than 4 KB can hold."""
+    raw = base64.b64decode(pdf_base64(20))
+    for prefix in (b"\r\n", b"\xef\xbb\xbf"):
+        block = {"type": "file", "base64": base64.b64encode(prefix + raw).decode()}
+        assert media_tokens_of(block) == 20 * 3000
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + b"3 0 R " * 300 + b"] /Count 1000000000 >>",
+        b"<< /Type /Page /MediaBox [0 0 10 10] >>",
+    ]
+    body, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, obj in enumerate(objects, start=1):
+        offsets.append(len(body))
+        body += b"%d 0 obj\n" % number + obj + b"\nendobj\n"
+    xref = len(body)
+    body += b"xref\n0 4\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    body += b"trailer\n<< /Size 4 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
+    block = {"type": "file", "base64": base64.b64encode(bytes(body)).decode()}
+    assert media_tokens_of(block) <= (len(body) // 100 + 1) * 3000
+
+
+def test_a_tag_that_inflates_to_gigabytes_is_never_read(tmp_path: Path) -> None:
+    """An MP3 whose compressed ID3 title inflates to 300 MB: counting it reads its length,
+    not its tags (measured in a process of its own: memory is the process's)."""
+    code = """
+import base64, resource, struct, zlib
+from langchain_core.messages import HumanMessage
+from langchain_tiered_memory import estimate_tokens
+size = 300_000_000
+packer = zlib.compressobj(9)
+chunk = bytes(10_000_000)
+payload = packer.compress(b"\\x03")
+payload += b"".join(packer.compress(chunk) for _ in range(size // len(chunk))) + packer.flush()
+frame = b"TIT2" + struct.pack(">I", len(payload) + 4) + b"\\x00\\x80"
+frame += struct.pack(">I", size + 1) + payload
+n = len(frame)
+tag = b"ID3\\x03\\x00\\x00" + bytes([n >> 21 & 127, n >> 14 & 127, n >> 7 & 127, n & 127]) + frame
+audio = tag + (b"\\xff\\xfb\\x90\\x64" + bytes(413)) * 100
+block = {"type": "audio", "base64": base64.b64encode(audio).decode()}
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(estimate_tokens(HumanMessage([block])))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    tokens, grown_kb = map(int, run_python(code, tmp_path).stdout.split())
+    assert tokens > 0
+    assert grown_kb < 100_000  # reading the tag would take 300 MB
 
 
 def test_a_window_of_recordings_stays_within_its_budget(backup: MySQLBackup) -> None:

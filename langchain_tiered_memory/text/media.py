@@ -5,10 +5,12 @@ audio and video by their length, a PDF by its pages. Each count here is the most
 that one of the large providers charges (OpenAI, Anthropic, Google), read from the
 block's own data, so a window of media never outgrows the model's context. What
 cannot be read (a URL, a file id, data of an unknown format) is charged a fixed
-amount or by the length of its data.
+amount or by the length of its data. Every length and page count read from a
+header is untrusted: it is bounded by the bytes that hold it.
 
 Blocks come in LangChain's standard shapes (v0 and v1) and the providers' own
-(OpenAI's Chat Completions and Responses, Anthropic's).
+(OpenAI's Chat Completions and Responses, Anthropic's, Google GenAI's ``media``
+and ``file_data``, Bedrock Converse's blocks keyed by their kind).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import io
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import imagesize
 
-#: Image blocks: charged by their size, read from the header of their base64 data.
+#: Image blocks: charged by their size, read from the header of their data.
 IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})
 #: Audio blocks: charged by their length.
 AUDIO_BLOCKS = frozenset({"audio", "input_audio"})
@@ -31,8 +33,10 @@ AUDIO_BLOCKS = frozenset({"audio", "input_audio"})
 VIDEO_BLOCKS = frozenset({"video"})
 #: File blocks: a PDF by its pages, a text by its text, anything else by its bytes.
 FILE_BLOCKS = frozenset({"file", "input_file", "document"})
-#: Every media block counted here.
-MEDIA_BLOCKS = IMAGE_BLOCKS | AUDIO_BLOCKS | VIDEO_BLOCKS | FILE_BLOCKS
+#: Google GenAI's blocks of any media, told apart by their ``mime_type``.
+MIME_BLOCKS = frozenset({"media", "file_data"})
+#: Bedrock Converse's media blocks: no ``type``, one key naming the kind.
+CONVERSE_BLOCKS = {"image": "image", "audio": "audio", "video": "video", "document": "file"}
 
 #: Tokens charged for an image whose size cannot be read: about the most a provider
 #: charges for one image (Anthropic about 1,600 at its 1.15 megapixel cap; OpenAI's
@@ -53,60 +57,90 @@ AUDIO_BYTES_PER_SECOND = 2000
 #: Bytes a second assumed for video whose length cannot be read: 250 kbit/s.
 VIDEO_BYTES_PER_SECOND = 31_250
 #: The fewest bytes a second believed of a header's length (800 bit/s, below any
-#: speech codec in use): a header is untrusted, and its bytes bound what they hold.
+#: speech codec in use).
 MIN_BYTES_PER_SECOND = 100
+#: The fewest bytes believed of a PDF page (a page object and its reference).
+MIN_BYTES_PER_PAGE = 100
 #: Bytes per token of a file that is neither a PDF nor text (as text's four
 #: characters a token).
 BYTES_PER_TOKEN = 4
 
-#: Base64 characters decoded to find an image's size: its header (a JPEG's may
-#: follow tens of kilobytes of EXIF data).
-IMAGE_HEADER_CHARS = 128 * 1024
+#: Base64 characters (or bytes) read to find an image's size, and to key the cache:
+#: a header (a JPEG's may follow tens of kilobytes of EXIF data).
+HEAD_CHARS = 128 * 1024
 #: The largest image side believed from a header (2**31 pixels, as PNG's limit).
 MAX_IMAGE_SIDE = 2**31 - 1
 #: Counts kept (a message is counted again at every turn; its data may be megabytes).
 CACHE_SIZE = 4096
+#: Where a PDF's header may start (readers skip what comes before it).
+PDF_HEADER_WITHIN = 1024
+#: Chunks read of a WAV file before its data.
+WAV_CHUNKS = 64
 
-_cache: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+#: A block's data: bytes as they are, or base64 text and where it starts in it.
+Data: TypeAlias = bytes | tuple[str, int]
+
+_cache: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+
+
+def media_kind(block: dict[str, Any]) -> str | None:
+    """``"image"``, ``"audio"``, ``"video"`` or ``"file"`` for a media block, else ``None``."""
+    kind = block.get("type")
+    if kind is None:  # Bedrock Converse: {"video": {"format": ..., "source": ...}}
+        for key, value in block.items():
+            if key in CONVERSE_BLOCKS and isinstance(value, dict):
+                return CONVERSE_BLOCKS[key]
+        return None
+    if not isinstance(kind, str):
+        return None
+    if kind in IMAGE_BLOCKS:
+        return "image"
+    if kind in AUDIO_BLOCKS:
+        return "audio"
+    if kind in VIDEO_BLOCKS:
+        return "video"
+    if kind in FILE_BLOCKS:
+        return "file"
+    if kind in MIME_BLOCKS:
+        major = str(block.get("mime_type") or block.get("mimeType") or "").partition("/")[0]
+        return major if major in ("image", "audio", "video") else "file"
+    return None
 
 
 def media_tokens(block: dict[str, Any], text_tokens: Callable[[str], int]) -> int:
     """What a media block costs a model, in tokens.
 
     Args:
-        block: A content block whose ``type`` is in :data:`MEDIA_BLOCKS`.
-        text_tokens: How the text of a text document is counted.
+        block: A content block of a :func:`media_kind`.
+        text_tokens: How text is counted (a text document's, a document's title
+            and context).
 
     Returns:
         An image's tokens by :func:`image_tokens`; a text document's by
-        ``text_tokens``; audio at :data:`TOKENS_PER_AUDIO_SECOND`
-        and video at :data:`TOKENS_PER_VIDEO_SECOND` for the length read from
-        their data (audio at :data:`AUDIO_BYTES_PER_SECOND`, video at
-        :data:`VIDEO_BYTES_PER_SECOND` when it cannot be read); a PDF at
-        :data:`TOKENS_PER_PDF_PAGE` a page, other files by their text or
-        :data:`BYTES_PER_TOKEN`; :data:`TOKENS_PER_UNREAD_MEDIA` for what a URL or
-        a file id names.
+        ``text_tokens``; audio at :data:`TOKENS_PER_AUDIO_SECOND` and video at
+        :data:`TOKENS_PER_VIDEO_SECOND` for the length read from their data (audio
+        at :data:`AUDIO_BYTES_PER_SECOND`, video at :data:`VIDEO_BYTES_PER_SECOND`
+        when it cannot be read); a PDF at :data:`TOKENS_PER_PDF_PAGE` a page, other
+        files by their text or :data:`BYTES_PER_TOKEN`;
+        :data:`TOKENS_PER_UNREAD_MEDIA` for what a URL or a file id names.
     """
-    kind = block.get("type")
-    if kind in IMAGE_BLOCKS:
+    kind = media_kind(block)
+    if kind == "image":
         return image_tokens(block)
+    extra = sum(text_tokens(block[key]) for key in ("title", "context") if _is_text(block, key))
     text = _inline_text(block)
     if text is not None:
-        return text_tokens(text)
-    data = _base64_of(block)
+        return extra + text_tokens(text)
+    data = _data_of(block)
     if data is None:
-        return TOKENS_PER_UNREAD_MEDIA
-    encoded, start = data
-    head = encoded[start : start + IMAGE_HEADER_CHARS]
-    # Kept by the data's start and length: hashing and reading all of it at every
-    # turn is what the cache saves.
-    key = (str(kind), hash(head), len(encoded) - start)
+        return extra + TOKENS_PER_UNREAD_MEDIA
+    key = (kind, *_key(data))
     found = _cache.get(key)
     if found is None:
-        found = _cache[key] = _read(str(kind), _decode(encoded[start:]), text_tokens)
+        found = _cache[key] = _read(str(kind), _decode(data), text_tokens)
         if len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
-    return found
+    return extra + found
 
 
 def image_tokens(block: dict[str, Any]) -> int:
@@ -115,26 +149,24 @@ def image_tokens(block: dict[str, Any]) -> int:
     The larger of OpenAI's high-detail tiles (170 per 512-pixel tile of the image
     fitted in 2048 and its short side in 768, plus 85) and Anthropic's pixels / 750
     (at most 1,568 pixels on the long side and 1.15 megapixels), for the size read
-    from the header of its base64 data; :data:`TOKENS_PER_UNSIZED_IMAGE` when the
-    size cannot be read. OpenAI's ``detail: "low"`` is not taken at its word:
-    other providers' integrations drop it and charge the whole image.
+    from the header of its data; :data:`TOKENS_PER_UNSIZED_IMAGE` when the size
+    cannot be read. OpenAI's ``detail: "low"`` is not taken at its word: other
+    providers' integrations drop it and charge the whole image.
     """
-    data = _base64_of(block)
+    data = _data_of(block)
     if data is None:
         return TOKENS_PER_UNSIZED_IMAGE
-    encoded, start = data
-    head = encoded[start : start + IMAGE_HEADER_CHARS]
-    key = ("image", hash(head), len(head))
+    key = ("image", *_key(data))
     found = _cache.get(key)
     if found is None:
-        found = _cache[key] = _image_tokens(head)
+        found = _cache[key] = _image_tokens(_head(data))
         if len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return found
 
 
-def _image_tokens(head: str) -> int:
-    size = _image_size(head)
+def _image_tokens(head: bytes | None) -> int:
+    size = None if head is None else _image_size(head)
     if size is None:
         return TOKENS_PER_UNSIZED_IMAGE
     width, height = size
@@ -145,21 +177,24 @@ def _image_tokens(head: str) -> int:
     return max(170 * tiles + 85, math.ceil(width * height * shrink * shrink / 750))
 
 
-def _image_size(head: str) -> tuple[int, int] | None:
-    """An image's width and height from the start of its base64 data, if readable.
+def _image_size(head: bytes) -> tuple[int, int] | None:
+    """An image's width and height from the start of its data, if readable.
 
     Sizes come from untrusted bytes: only whole numbers of pixels up to
     :data:`MAX_IMAGE_SIDE` count (an SVG's are floats, ``inf`` included).
     """
     try:
-        raw = base64.b64decode(head[: len(head) - len(head) % 4])
-        width, height = imagesize.get(io.BytesIO(raw))
-    except Exception:  # not base64, or not an image imagesize knows: charged as unsized
+        width, height = imagesize.get(io.BytesIO(head))
+    except Exception:  # not an image imagesize knows: charged as unsized
         return None
     sides = (width, height)
     if all(type(side) is int and 0 < side <= MAX_IMAGE_SIDE for side in sides):
         return width, height
     return None
+
+
+def _is_text(block: dict[str, Any], key: str) -> bool:
+    return isinstance(block.get(key), str)
 
 
 def _inline_text(block: dict[str, Any]) -> str | None:
@@ -172,24 +207,30 @@ def _inline_text(block: dict[str, Any]) -> str | None:
     return None
 
 
-def _base64_of(block: dict[str, Any]) -> tuple[str, int] | None:
-    """A media block's base64 data and where it starts in that string, if inline.
-
-    Not copied: the data may be megabytes, and the block is counted at every turn.
-    """
-    source = block.get("source")
-    inner = block.get(str(block.get("type")))  # OpenAI's {"type": "file", "file": {...}}
+def _data_of(block: dict[str, Any]) -> Data | None:
+    """A media block's inline data, if it has any (not copied: it may be megabytes)."""
     candidates: list[Any] = []
-    if isinstance(source, dict):  # Anthropic
+    source = block.get("source")
+    converse = next(
+        (block[key] for key in CONVERSE_BLOCKS if isinstance(block.get(key), dict)), None
+    )
+    if converse is not None and "type" not in block:  # Bedrock Converse
+        inner = converse.get("source")
+        candidates.append(inner.get("bytes") if isinstance(inner, dict) else None)
+    elif isinstance(source, dict):  # Anthropic
         candidates.append(source.get("data") if source.get("type") == "base64" else None)
     else:
-        candidates += [block.get("base64"), block.get("data"), block.get("file_data")]
-        candidates += [block.get("image_url"), block.get("url")]
-        if isinstance(inner, dict):  # OpenAI Chat Completions
+        candidates += [
+            block.get(key) for key in ("base64", "data", "file_data", "image_url", "url")
+        ]
+        inner = block.get(str(block.get("type")))  # OpenAI's {"type": "file", "file": {...}}
+        if isinstance(inner, dict):
             candidates += [inner.get("data"), inner.get("file_data"), inner.get("url")]
     for value in candidates:
         if isinstance(value, dict):  # {"image_url": {"url": ...}}
             value = value.get("url")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
         if not isinstance(value, str):
             continue
         if value.startswith("data:"):
@@ -202,66 +243,158 @@ def _base64_of(block: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
-def _decode(encoded: str) -> bytes | None:
+def _key(data: Data) -> tuple[int, int, int]:
+    """What the cache keeps a count by: the data's start, end and length."""
+    if isinstance(data, bytes):
+        return hash(data[:HEAD_CHARS]), hash(data[-HEAD_CHARS:]), len(data)
+    text, start = data
+    return hash(text[start : start + HEAD_CHARS]), hash(text[-HEAD_CHARS:]), len(text) - start
+
+
+def _head(data: Data) -> bytes | None:
+    """The first bytes of the data (about :data:`HEAD_CHARS` of base64)."""
+    if isinstance(data, bytes):
+        return data[:HEAD_CHARS]
+    text, start = data
+    head = text[start : start + HEAD_CHARS]
+    return _b64(head[: len(head) - len(head) % 4])
+
+
+def _decode(data: Data) -> bytes | None:
+    if isinstance(data, bytes):
+        return data
+    text, start = data
+    return _b64(text[start : len(text) - (len(text) - start) % 4])
+
+
+def _b64(text: str) -> bytes | None:
     try:
-        return base64.b64decode(encoded[: len(encoded) - len(encoded) % 4])
+        return base64.b64decode(text)
     except (binascii.Error, ValueError):  # not base64 (or not ASCII)
         return None
 
 
 def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> int:
-    """The tokens of media ``raw`` of block type ``kind`` (see :func:`media_tokens`)."""
+    """The tokens of media ``raw`` of kind ``kind`` (see :func:`media_tokens`)."""
     if raw is None:
         return TOKENS_PER_UNREAD_MEDIA
-    if kind in AUDIO_BLOCKS or kind in VIDEO_BLOCKS:
-        per_second, rate = (
-            (TOKENS_PER_AUDIO_SECOND, AUDIO_BYTES_PER_SECOND)
-            if kind in AUDIO_BLOCKS
-            else (TOKENS_PER_VIDEO_SECOND, VIDEO_BYTES_PER_SECOND)
-        )
-        seconds = _length(raw)
+    if kind in ("audio", "video"):
+        audio = kind == "audio"
+        seconds = _seconds(raw, audio)
         if seconds is None:
-            seconds = len(raw) / rate
-        seconds = min(seconds, len(raw) / MIN_BYTES_PER_SECOND)
-        return max(1, math.ceil(seconds * per_second))
-    if raw.startswith(b"%PDF"):
-        pages = _pages(raw)
+            seconds = len(raw) / (AUDIO_BYTES_PER_SECOND if audio else VIDEO_BYTES_PER_SECOND)
+        per_second = TOKENS_PER_AUDIO_SECOND if audio else TOKENS_PER_VIDEO_SECOND
+        return max(1, math.ceil(min(seconds, len(raw) / MIN_BYTES_PER_SECOND) * per_second))
+    at = raw.find(b"%PDF-", 0, PDF_HEADER_WITHIN)
+    if at >= 0:
+        pages = _pdf_pages(raw[at:])
         if pages is not None:
-            return pages * TOKENS_PER_PDF_PAGE
+            return min(pages, len(raw) // MIN_BYTES_PER_PAGE + 1) * TOKENS_PER_PDF_PAGE
     try:
         return text_tokens(raw.decode("utf-8"))  # a text file: counted as its text
     except UnicodeDecodeError:
         return math.ceil(len(raw) / BYTES_PER_TOKEN)
 
 
-def _length(raw: bytes) -> float | None:
-    """Seconds of audio or video, from its header (WAV, MP3, MP4, Ogg, FLAC, ...)."""
-    return _untrusted(lambda: _mutagen_length(raw))
+def _seconds(raw: bytes, audio: bool) -> float | None:
+    """The length of a recording, from its header, if it can be read.
+
+    A WAV file is read here (a stream's may say its data never ends); other formats
+    with ``mutagen``, its tags skipped (an ID3 frame may inflate to gigabytes).
+    Audio lasts at least its bytes at its own bit rate: files joined end to end
+    keep the first one's header.
+    """
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WAVE":
+        return _wav_seconds(raw)
+    found = _untrusted(lambda: _mutagen_info(_without_id3(raw)))
+    if found is None:
+        return None
+    length, bitrate = found
+    if audio and bitrate > 0:
+        length = max(length, len(raw) * 8 / bitrate)
+    return length if math.isfinite(length) and length > 0 else None
 
 
-def _mutagen_length(raw: bytes) -> float | None:
-    import mutagen  # imported when media is first counted: most turns have none
+def _wav_seconds(raw: bytes) -> float | None:
+    byte_rate = 0
+    at = 12
+    for _ in range(WAV_CHUNKS):
+        if at + 8 > len(raw):
+            break
+        name, size = raw[at : at + 4], int.from_bytes(raw[at + 4 : at + 8], "little")
+        body = at + 8
+        if name == b"fmt " and size >= 16:
+            # Samples a second times bytes a sample, as players read it (not the
+            # header's own byte-rate field, which nothing checks).
+            rate = int.from_bytes(raw[body + 4 : body + 8], "little")
+            byte_rate = rate * int.from_bytes(raw[body + 12 : body + 14], "little")
+        elif name == b"data":
+            # A stream written to a pipe says 0 or 0xFFFFFFFF: its data runs to the end.
+            held = len(raw) - body
+            data = held if size in (0, 0xFFFFFFFF) else min(size, held)
+            return data / byte_rate if byte_rate and data else None
+        at = body + size + (size & 1)
+    return None
 
-    found = mutagen.File(io.BytesIO(raw))
-    return None if found is None else float(found.info.length)
+
+def _without_id3(raw: bytes) -> bytes:
+    """``raw`` without the ID3v2 tags it starts with."""
+    at = 0
+    while raw[at : at + 3] == b"ID3" and len(raw) >= at + 10:
+        size = 0
+        for byte in raw[at + 6 : at + 10]:  # a "syncsafe" integer: 7 bits a byte
+            size = size << 7 | (byte & 0x7F)
+        at += 10 + size + (10 if raw[at + 5] & 0x10 else 0)  # and its footer
+    return raw[at:]
 
 
-def _pages(raw: bytes) -> int | None:
+def _mutagen_info(raw: bytes) -> tuple[float, int] | None:
+    # Imported when media is first counted: most turns have none.
+    from mutagen import File
+    from mutagen.aac import AAC
+    from mutagen.ac3 import AC3
+    from mutagen.asf import ASF
+    from mutagen.flac import FLAC
+    from mutagen.monkeysaudio import MonkeysAudio
+    from mutagen.mp3 import MP3
+    from mutagen.mp4 import MP4
+    from mutagen.musepack import Musepack
+    from mutagen.oggflac import OggFLAC
+    from mutagen.oggopus import OggOpus
+    from mutagen.oggspeex import OggSpeex
+    from mutagen.oggtheora import OggTheora
+    from mutagen.oggvorbis import OggVorbis
+    from mutagen.optimfrog import OptimFROG
+    from mutagen.wavpack import WavPack
+
+    # Formats whose tags hold no compressed or pointed-to ID3 (AIFF, DSF and WAVE do).
+    kinds = [MP3, MP4, OggVorbis, OggOpus, OggFLAC, OggSpeex, OggTheora, FLAC, ASF, AAC]
+    kinds += [AC3, WavPack, Musepack, MonkeysAudio, OptimFROG]
+    found = File(io.BytesIO(raw), options=kinds)
+    if found is None:
+        return None
+    return float(found.info.length), int(getattr(found.info, "bitrate", 0) or 0)
+
+
+def _pdf_pages(raw: bytes) -> int | None:
+    """The pages a PDF's page tree says it has (``/Count``), if it can be read."""
+
     def count() -> int:
         import pypdf  # imported when a PDF is first counted
 
-        return len(pypdf.PdfReader(io.BytesIO(raw), strict=False).pages)
+        reader = pypdf.PdfReader(io.BytesIO(raw), strict=False)
+        root: Any = reader.trailer["/Root"]  # untyped: any PDF object
+        return int(root["/Pages"]["/Count"])
 
-    pages = _untrusted(count)
-    return None if pages is None else int(pages)
+    return _untrusted(count)
 
 
-def _untrusted(read: Callable[[], float | int | None]) -> float | None:
-    """A length read from untrusted bytes, if it is a finite number above zero."""
+def _untrusted(read: Callable[[], Any]) -> Any:
+    """What ``read`` finds in untrusted bytes, or ``None`` if it fails or finds nothing > 0."""
     try:
         value = read()
-    except Exception:  # a malformed or unknown file: its length is not known
+    except Exception:  # a malformed or unknown file: not known
         return None
-    if value is None or not math.isfinite(value) or value <= 0:
+    if isinstance(value, int) and value <= 0:
         return None
-    return float(value)
+    return value

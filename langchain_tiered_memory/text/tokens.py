@@ -20,7 +20,7 @@ from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_tiered_memory.core.turns import tool_calls_of
 from langchain_tiered_memory.core.validation import check_int
-from langchain_tiered_memory.text.media import MEDIA_BLOCKS, media_tokens
+from langchain_tiered_memory.text.media import media_kind, media_tokens
 
 T = TypeVar("T")
 
@@ -29,6 +29,8 @@ MESSAGE_OVERHEAD = 4
 # Blocks that repeat a tool call (Anthropic's ``tool_use``): counted once, from the
 # message's tool calls.
 _CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
+#: How deep blocks inside blocks are read (a tool result's content, a document's).
+MAX_NESTING = 8
 
 # Han, kana, hangul and CJK punctuation: each is usually one or more BPE tokens.
 _CJK_RANGES = (
@@ -117,6 +119,44 @@ def _block_text(block: dict[str, Any]) -> str:
     return json.dumps(block, ensure_ascii=False, default=str)
 
 
+def _inner_blocks(block: dict[str, Any]) -> list[Any] | None:
+    """The blocks a block holds, if it holds any.
+
+    A tool result's or a search result's content, a document given as content
+    blocks (with its title and context), a provider's block wrapped as
+    ``non_standard``: their media count as media, not as base64 text.
+    """
+    if block.get("type") == "non_standard" and isinstance(block.get("value"), dict):
+        return [block["value"]]
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "content":  # Anthropic
+        inner = source.get("content")
+        blocks = list(inner) if isinstance(inner, list) else [str(inner or "")]
+        return blocks + [
+            block[key] for key in ("title", "context") if isinstance(block.get(key), str)
+        ]
+    content = block.get("content")
+    return list(content) if isinstance(content, list) else None
+
+
+def _content_parts(blocks: list[Any], calls: bool, parts: list[str], depth: int = 0) -> int:
+    """Add the text of ``blocks`` to ``parts``; return the fixed tokens of their media."""
+    fixed = 0
+    for block in blocks:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict):
+            inner = _inner_blocks(block) if depth < MAX_NESTING else None
+            kind = block.get("type")
+            if inner is not None:
+                fixed += _content_parts(inner, calls, parts, depth + 1)
+            elif media_kind(block) is not None:
+                fixed += media_tokens(block, _text_tokens)
+            elif not (calls and isinstance(kind, str) and kind in _CALL_BLOCKS):
+                parts.append(_block_text(block))
+    return fixed
+
+
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
@@ -125,16 +165,8 @@ def _message_parts(message: BaseMessage) -> tuple[str, int]:
     if isinstance(content, str):
         text = content
     else:
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict):
-                kind = block.get("type")
-                if kind in MEDIA_BLOCKS:
-                    fixed += media_tokens(block, _text_tokens)
-                elif not (kind in _CALL_BLOCKS and calls):
-                    parts.append(_block_text(block))
+        parts: list[str] = []
+        fixed = _content_parts(content, bool(calls), parts)
         text = "\n".join(parts)
     if calls:
         text += json.dumps(
