@@ -240,7 +240,7 @@ def superseded_by(backup: MySQLBackup) -> dict[str, str]:
         ("用户：3月份的付款条件是月结30天", "payment terms"),
         ("用户：调整后的付款条件是月结60天", "payment terms"),
         # A number or a word that only ends like a time is part of a name.
-        ("用户：1号仓库的地址是上海市浦东新区世纪大道100号", "address of 1"),
+        ("用户：1号仓库的地址是上海市浦东新区世纪大道100号", "address of 1号仓库"),
         ("用户：ACME股份的账号是6222 0000 1111", "account number of acme"),
         ("用户：售后的电话是13800138000", None),
         # A role or a label in capitals is no name; a lead-in without a capital names nobody.
@@ -250,6 +250,11 @@ def superseded_by(backup: MySQLBackup) -> dict[str, str]:
         ("User: For Reference, the IBAN is DE89 3704 0099.", "iban"),
         ("User: With immediate effect, the IBAN is DE89 3704 0099.", "iban"),
         ("User: For our supplier ACME, the IBAN is DE89 3704 0099.", "iban of acme"),
+        # A name that is addressed, or a note's prefix, owns nothing.
+        ("User: Email ACME the new IBAN: GB33 BUKB 2020 1555 5555 55.", "iban"),
+        ("User: PS the IBAN is GB33 BUKB 2020 1555 5555 55.", "iban"),
+        ("User: HSBC UK IBAN: GB33 BUKB 2020 1555 5555 55.", "iban of hsbc"),
+        ("用户：1号门店的地址是广州市天河区体育西路1号", "address of 1号门店"),
     ],
 )
 def test_subjects_are_found_in_english_and_chinese(text: str, subject: str | None) -> None:
@@ -624,6 +629,22 @@ OWNER_STORIES = {
         ],
         {},
     ),
+    "a name that is addressed is not the owner": (
+        [
+            "Our IBAN is GB11 NWBK 6016 1331 9268 19.",
+            "ACME's IBAN is DE89 3704 0044 0532 0130 00.",
+            "Email ACME the new IBAN: GB33 BUKB 2020 1555 5555 55.",
+        ],
+        {},
+    ),
+    "zh: a store and a warehouse of the same number are two owners": (
+        [
+            "ACME的地址是上海市浦东新区100号。",
+            "1号仓库的地址是北京市朝阳区建国路88号。",
+            "1号门店的地址是广州市天河区体育西路1号。",
+        ],
+        {},
+    ),
     "zh: a family member is not us": (
         ["我的电话是13800138000。", "我妈的电话是13900139000。"],
         {},
@@ -993,6 +1014,21 @@ A, B = "0f" * 16, "ab" * 16
         (f"UPDATE {A}: NONE (nothing changed since 2023)", (None, ())),
         (f"UPDATE {A}: Unchanged (still valid as of 5 May)", (None, ())),
         (f"UPDATE {A}: No.", (None, ())),
+        (f"UPDATE {A}: No - nothing changed", (None, ())),
+        (f"UPDATE {A}: 无（与之前相同）", (None, ())),
+        (f"UPDATE {A}: 没有，与之前相同", (None, ())),
+        (f"UPDATE {A}: NONE (see above) — nothing new", (None, ())),
+        (f"UPDATE {A}: N/A – not relevant to any memory", (None, ())),
+        # A remark that states something new is a value, in brackets too.
+        (
+            f"UPDATE {A}: Unchanged (ACME now pays net 60)",
+            ("Unchanged (ACME now pays net 60)", (A,)),
+        ),
+        (f"UPDATE {A}: N/A (terms now net 60)", ("N/A (terms now net 60)", (A,))),
+        (
+            f"UPDATE {A}: No change to terms, but the IBAN is now GB33",
+            ("No change to terms, but the IBAN is now GB33", (A,)),
+        ),
         # Marks over a text, or a bare "no" before words, start a value.
         (f"UPDATE {A}: ✅\nBob Jones is the contact.", ("✅\nBob Jones is the contact.", (A,))),
         (f"UPDATE {A}: No, ACME now pays net sixty.", ("No, ACME now pays net sixty.", (A,))),
@@ -1178,3 +1214,66 @@ def test_a_value_that_stands_again_is_superseded_by_a_newer_one_of_its_subject(
     tell_each_a_day_apart(backup, memory, texts)
     memory.forget(session_id=forgotten)
     assert superseded_by(backup) == superseded
+
+
+def test_an_archive_forgetting_alone_leaves_no_link_to_a_deleted_memory(
+    make_memory: MakeMemory, backup: MySQLBackup, table_name: str
+) -> None:
+    """An administrator's script opens only the archive: the value its forgotten
+    successor superseded stands again instead of pointing at nothing."""
+    memory = make_memory()
+    tell(backup, memory, "s1", "ACME's IBAN is DE89 3704 0044 0532 0130 00.", "2024-05-01")
+    tell(backup, memory, "s2", "ACME's IBAN is now GB33 BUKB 2020 1555 5555 55.", "2024-05-02")
+    memory.run_pending()
+    memory.close()
+    admin = MySQLBackup(backup.url, table_name=table_name)
+    try:
+        admin.forget(session_id="s2", user_id="u1")
+    finally:
+        admin.dispose()
+    rows = catalog(backup)
+    assert [row.text.splitlines()[0] for row in rows] == [
+        "User: ACME's IBAN is DE89 3704 0044 0532 0130 00."
+    ]
+    assert rows[0].superseded_by is None
+
+
+def test_forgetting_reads_each_subject_once_however_many_values_stand_again(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """Forty suppliers' IBANs, each updated in another session: forgetting that session
+    lets forty values stand again with one read of their subject, not forty."""
+    memory = make_memory()
+    for n in range(40):
+        tell(
+            backup,
+            memory,
+            "s1",
+            f"Supplier{n:02d}'s IBAN is DE{n + 10} 3704 0044 {n:04d}.",
+            "2024-05-01",
+        )
+    memory.run_pending()
+    for n in range(40):
+        tell(
+            backup,
+            memory,
+            "s2",
+            f"Supplier{n:02d}'s IBAN is now GB{n + 10} BUKB 2020 {n:04d}.",
+            "2024-05-02",
+        )
+    memory.run_pending()
+    assert sum(row.superseded_by is not None for row in catalog(backup)) == 40
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "subject" in statement:
+            reads.append(statement)
+
+    sa.event.listen(backup.engine, "before_cursor_execute", count)
+    try:
+        memory.forget(session_id="s2", user_id="u1")
+    finally:
+        sa.event.remove(backup.engine, "before_cursor_execute", count)
+    assert all(row.superseded_by is None for row in catalog(backup))
+    assert len(catalog(backup)) == 40
+    assert len(reads) <= 3

@@ -47,6 +47,7 @@ from sqlalchemy import (
     select,
     text,
     union_all,
+    update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -816,6 +817,8 @@ class MySQLBackup(Lifecycle):
                 known, owner = yield from self._known_owner_plan(session_id)
                 if known:
                     yield from self._bind_owner_plan(session_id, owner)
+        if derived:
+            yield from self._unlink_plan(session_id, user_id)
         for table in self.tables.scoped() if derived else ():
             if keep_owner and table is self.tables.sessions:
                 continue
@@ -824,6 +827,27 @@ class MySQLBackup(Lifecycle):
         yield delete(p).where(p.c.message_id.in_(select(t.c.id).where(*scope)))
         result = yield delete(t).where(*scope)
         return int(result.rowcount)
+
+    def _unlink_plan(self, session_id: str | None, user_id: str | None) -> Plan[None]:
+        """Let memories superseded by one of the scope's stand again before it goes.
+
+        A tier that is open relinks them first (to a newer value of their subject);
+        this holds on every other path (an archive forgetting alone, a memory written
+        meanwhile): no link points at a deleted memory.
+        """
+        m = self.tables.memories.c
+        linked = select(m.superseded_by).where(m.superseded_by.is_not(None))
+        result = yield select(m.id).where(
+            *scope_conditions(self.tables.memories, session_id, user_id), m.id.in_(linked)
+        )
+        targets = list(result.scalars())
+        for start in range(0, len(targets), 500):
+            chunk = targets[start : start + 500]
+            yield (
+                update(self.tables.memories)
+                .where(m.superseded_by.in_(chunk))
+                .values(superseded_by=None)
+            )
 
     def _sessions_in_scope_plan(
         self, session_id: str | None, user_id: str | None

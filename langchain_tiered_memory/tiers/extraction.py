@@ -25,21 +25,47 @@ from langchain_tiered_memory.text.tokens import (
 logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
-# An update's first line that says nothing changed ("NONE", "N/A — no update needed",
-# "无需更新"), then at most a remark in brackets ("NONE (nothing changed since 2023)") or
-# after a mark. A line that goes on in words ("None of our suppliers ...") or to a digit
-# or an "@" after a mark ("None - terms are now net 60", "没有, 付款条件改为月结60天")
-# states a value; a bare "no" or "没有" takes no remark ("No, ACME now pays net sixty").
-_NO_CHANGE = re.compile(
-    r"[\W_]*+(?:"
-    r"(?:none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
+# An update's first line that says nothing changed starts with one of these ("NONE",
+# "N/A — no update needed", "无需更新"); a bare "no", "没有" or "无" may also start a
+# value ("No, ACME now pays net sixty", "没有, 付款条件改为月结60天").
+_NO_CHANGE_HEAD = re.compile(
+    r"[\W_]*+(?:(none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
     r"(?:\s+needed)?|nothing\s+(?:new|changed|to\s+update)|unchanged|same\s+as\s+before"
-    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变)(?![\w/])"
-    r"(?:[ \t]*+[(（\[【][^)）\]】\n]*+[)）\]】]|[ \t]*+[^\w\s(（\[【][^\d@\n]*+)?+"
-    r"|(?:no|没有|无)(?![\w/])[^\w\n]*+"
-    r")[ \t]*+$",
+    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变)|(no|没有|无))(?![\w/])",
     re.IGNORECASE,
 )
+# A remark that says so too: "(nothing changed since 2023)", "— same as before", "与之前相同".
+_NOTHING_CHANGED = re.compile(
+    r"nothing\s+(?:new|changed|to\s+update)|no\s+(?:changes?|updates?|new)\b|unchanged"
+    r"|same\s+as\s+(?:before|above|earlier)|as\s+before|see\s+above|not\s+(?:changed|relevant)"
+    r"|still\s+(?:valid|correct|current|the\s+same|applies)"
+    r"|不变|无变化|没有变化|未变|保持|相同|一致|仍然有效|同上|无需更新|没有更新",
+    re.IGNORECASE,
+)
+
+
+def _says_nothing_changed(line: str) -> bool:
+    """Whether an update's first line says nothing changed, rather than a new value.
+
+    After its head, a line may say nothing more, or add a remark that says so too
+    ("NONE (nothing changed since 2023)"). A remark after "NONE" or "N/A" that has
+    no digit or "@" is a remark too ("N/A — not relevant"); one that does states a
+    value ("None - terms are now net 60", "Unchanged (ACME now pays net 60)"), as
+    does anything after a bare "No" that does not say nothing changed.
+    """
+    found = _NO_CHANGE_HEAD.match(line)
+    if found is None:
+        return False
+    rest = line[found.end() :]
+    if not rest.strip() or not any(map(str.isalnum, rest)):
+        return True
+    if rest[:1].isspace() and rest.lstrip()[:1].isalnum():
+        return False  # the words go on: "None of our suppliers ..."
+    if _NOTHING_CHANGED.search(rest):
+        return True
+    return found.group(1) is not None and not re.search(r"[\d@]", rest)
+
+
 # Line ends as models write them: Windows, old Mac, Unicode line separators.
 _LINE_BREAKS = re.compile(r"\r\n?|[\u2028\u2029\x85]")
 # A fence line of a code block ("```", "```text"): markup, not memory.
@@ -222,7 +248,7 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
             raise ValueError(msg)
         first_line, _, rest = new_text.partition("\n")
         # Only marks ("--", "…") say nothing either; "✅" over a text is that text's.
-        if _NO_CHANGE.match(first_line.strip(_MARKUP)) or not any(map(str.isalnum, new_text)):
+        if _says_nothing_changed(first_line.strip(_MARKUP)) or not any(map(str.isalnum, new_text)):
             parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
             continue
         if known is None:

@@ -347,6 +347,7 @@ class Catalog:
         indexed lookup per memory with a subject.
         """
         c = self.table.c
+        linked: dict[tuple[tuple[str, str], str], list[str]] = {}
         for memory in sorted(written, key=lambda m: m.turn_at):
             scope = self.owner_condition(memory.job.session_id, memory.job.user_id)
             replaced = [each for each in memory.supersedes if each != memory.id]
@@ -357,16 +358,31 @@ class Catalog:
                     .values(superseded_by=memory.id)
                 )
             if memory.subject is not None:
-                yield from self._subject_plan(memory.id, memory.subject, scope)
+                where = self.scope_key(memory.job.session_id, memory.job.user_id)
+                linked.setdefault((where, family_of(memory.subject)), []).append(memory.id)
+        for ((kind, name), family), memory_ids in linked.items():
+            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
 
-    def _subject_plan(self, memory_id: str, subject: str, scope: Any) -> Plan[None]:
-        """Link one memory of ``subject`` with the live ones of its family it replaces.
+    @staticmethod
+    def scope_key(session_id: str, user_id: str | None) -> tuple[str, str]:
+        """Which scope a memory supersedes in (see :meth:`owner_condition`), as data."""
+        return ("user", user_id) if user_id is not None else ("session", session_id)
 
-        See :meth:`supersede_plan`: the older ones it replaces are superseded by it,
-        and it by the newest one that replaces it.
+    def _scope_of(self, kind: str, name: str) -> Any:
+        return (
+            self.owner_condition(name, None)
+            if kind == "session"
+            else self.owner_condition("", name)
+        )
+
+    def _subject_plan(self, family: str, memory_ids: Sequence[str], scope: Any) -> Plan[None]:
+        """Link memories of one family and scope with the live ones they replace.
+
+        See :meth:`supersede_plan`: taken in time order, each one supersedes the
+        older live ones it replaces, and is superseded by the newest live one that
+        replaces it. The family is read once, whatever the number of memories.
         """
         c = self.table.c
-        family = family_of(subject)
         # Every memory of the family, superseded ones too: a value that named
         # nobody and superseded ACME's is still ACME's, so owners named are
         # counted over all of them, up to each memory's own time.
@@ -375,32 +391,40 @@ class Catalog:
             (c.subject == family) | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
         )
         rows = sorted(result.all(), key=lambda row: (row.turn_at, row.seq))
-        mine = next((row for row in rows if row.id == memory_id), None)
-        if mine is None:  # not in this scope's catalog (merged away)
-            return
+        order = {row.id: (row.turn_at, row.seq) for row in rows}
+        subject = {row.id: row.subject for row in rows}
+        successor = {row.id: row.superseded_by for row in rows}
         named: set[str] = set()
         owners: dict[str, int] = {}  # owners named up to each memory, by its id
         for row in rows:
             if row.subject != family:
                 named.add(row.subject)
             owners[row.id] = len(named)
-        order = (mine.turn_at, mine.seq)
-        live = [row for row in rows if row.id != memory_id and row.superseded_by is None]
-        older = [
-            row.id
-            for row in live
-            if (row.turn_at, row.seq) < order and replaces(subject, row.subject, owners[mine.id])
-        ]
-        newer = [
-            row
-            for row in live
-            if (row.turn_at, row.seq) > order and replaces(row.subject, subject, owners[row.id])
-        ]
-        if older:
-            yield update(self.table).where(c.id.in_(older)).values(superseded_by=memory_id)
-        if newer:
-            newest = max(newer, key=lambda row: (row.turn_at, row.seq))
-            yield update(self.table).where(c.id == memory_id).values(superseded_by=newest.id)
+        changed: dict[str, str] = {}
+        # Not in this scope's catalog (merged away): nothing to link.
+        for memory_id in sorted((m for m in memory_ids if m in order), key=order.__getitem__):
+            mine = order[memory_id]
+            live = [other for other in order if other != memory_id and successor[other] is None]
+            for other in live:
+                if order[other] < mine and replaces(
+                    subject[memory_id], subject[other], owners[memory_id]
+                ):
+                    successor[other] = changed[other] = memory_id
+            newer = [
+                other
+                for other in live
+                if order[other] > mine
+                and replaces(subject[other], subject[memory_id], owners[other])
+            ]
+            if newer:
+                successor[memory_id] = changed[memory_id] = max(newer, key=order.__getitem__)
+        by_target: dict[str, list[str]] = {}
+        for memory_id, target in changed.items():
+            by_target.setdefault(target, []).append(memory_id)
+        for target, linked in by_target.items():
+            for start in range(0, len(linked), 500):
+                chunk = linked[start : start + 500]
+                yield update(self.table).where(c.id.in_(chunk)).values(superseded_by=target)
 
     def owner_condition(self, session_id: str, user_id: str | None) -> Any:
         """The scope a memory of a session supersedes in: its user's, else its session's."""
@@ -514,11 +538,15 @@ class Catalog:
         for target, linked in relink.items():
             yield update(self.table).where(c.id.in_(linked)).values(superseded_by=target)
         yield delete(self.table).where(c.id.in_(list(gone)))
+        # Those that stand again: a newer value of their own subject may replace them.
+        again: dict[tuple[tuple[str, str], str], list[str]] = {}
+        standing_again = set(relink.get(None, ()))
         for row in linked_rows:
-            if row.id in relink.get(None, ()) and row.subject is not None:
-                # It stands again: a newer value of its own subject may replace it.
-                scope = self.owner_condition(row.session_id, row.user_id)
-                yield from self._subject_plan(row.id, row.subject, scope)
+            if row.id in standing_again and row.subject is not None:
+                where = self.scope_key(row.session_id, row.user_id)
+                again.setdefault((where, family_of(row.subject)), []).append(row.id)
+        for ((kind, name), family), memory_ids in again.items():
+            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
 
     def count_plan(self) -> Plan[int]:
         """How many memories the catalog holds."""

@@ -191,6 +191,9 @@ _EN_ACRONYMS = frozenset(
     {"iban", "eur", "usd", "gbp", "cny", "rmb", "uk", "eu", "us", "swift", "bic", "vat", "po"}
     | {"id", "new", "our", "the", "my", "your", "old", "sepa", "erp", "crm", "hq", "no", "ok"}
     | {"please", "note", "fyi", "update", "updated", "correction", "current", "main", "bank"}
+    | {"ps", "pps", "nb", "btw", "attn", "re", "fw", "fwd", "edit", "todo", "imo", "imho", "afaik"}
+    | {"fwiw", "asap", "eta", "tbd", "cc", "bcc", "pls", "plz", "hi", "dear", "thanks", "urgent"}
+    | {"important", "reminder", "info", "faq", "warning", "notice", "attention", "action"}
 )
 _ZH_POSSESSIVE = re.compile(r"([a-z0-9&.\-\u4e00-\u9fff]{1,20})的[\u4e00-\u9fff]{0,3}$")
 # Ours; "your" and "you" are the assistant's in the user's words and the user's in the
@@ -373,8 +376,13 @@ def _owner_before(head: str, cased: str) -> str | None:
     found = _EN_CAPITALS.search(cased_tail)  # "ACME IBAN: ...", "HSBC account number"
     if found is None:
         return None
-    name, between = found.group(1).lower(), found.group(2).lower().split()
-    if any(word not in _EN_PLAIN and word not in _EN_ACRONYMS for word in between):
+    name, between = found.group(1).lower(), found.group(2).split()
+    # Between: plain words ("ACME BILLING ADDRESS") or acronyms in capitals ("HSBC UK
+    # IBAN"), not a sentence's words ("Email ACME the new IBAN": ACME is addressed).
+    if any(
+        word.lower() not in _EN_PLAIN and not (word.isupper() and word.lower() in _EN_ACRONYMS)
+        for word in between
+    ):
         return None
     if name in _EN_ROLES or name in _EN_PURPOSES:  # "SUPPLIER IBAN": somebody's
         return _UNKNOWN
@@ -424,8 +432,9 @@ def _zh_owner(raw: str) -> str:
     piece = _strip(_ZH_OWNER_SPLIT.split(raw)[-1], _ZH_PREFIXES, from_end=False)
     if _ZH_WHEN.search(piece):  # "2024年的", "3月份的", "调整后的"
         return ""
-    latin = re.findall(r"[a-z0-9&][a-z0-9&.\-]*+", piece)
-    if latin:  # "acme签", "acme新", "acme给我们": the name
+    # "acme签", "acme新", "acme给我们": the name; a number is none ("1号仓库").
+    latin = [run for run in re.findall(r"[a-z0-9&][a-z0-9&.\-]*+", piece) if not run.isdigit()]
+    if latin:
         return latin[-1].strip(".")
     if piece in _ZH_SELF:
         return SELF
