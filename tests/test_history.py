@@ -251,7 +251,7 @@ def test_audio_video_and_files_count_what_they_hold() -> None:
 
 def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
     """A URL or a file id is charged as an unsized image; data of an unknown format by
-    its length (16 kbit/s for audio, 250 kbit/s for video, 4 bytes a token for a file);
+    its length (16 kbit/s for audio, 250 kbit/s for video, 2 bytes a token for a file);
     a header's length is believed only up to what its bytes can hold."""
     for block in (
         {"type": "audio", "url": "https://example.com/call.mp3"},
@@ -265,7 +265,7 @@ def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
     noise = base64.b64encode(bytes(range(256)) * 800).decode()  # 204,800 bytes
     assert media_tokens_of({"type": "audio", "base64": noise}) == 204_800 * 32 // 2000 + 1
     assert media_tokens_of({"type": "video", "base64": noise}) == math.ceil(204_800 * 290 / 31_250)
-    assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 4
+    assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 2
     assert media_tokens_of({"type": "file", "base64": "%%% not base64 %%%"}) > 0
     # A WAV header that says 1 sample a second: 96,000 bytes are not 13 hours.
     raw = bytearray(base64.b64decode(wav_base64(3)))
@@ -370,6 +370,52 @@ def test_a_pdf_counts_its_page_tree_within_what_its_bytes_can_hold() -> None:
     body += b"trailer\n<< /Size 4 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
     block = {"type": "file", "base64": base64.b64encode(bytes(body)).decode()}
     assert media_tokens_of(block) <= (len(body) // 100 + 1) * 3000
+
+
+def test_compressed_wavs_text_files_and_wrapped_base64_count_what_they_hold() -> None:
+    """A minute of IMA ADPCM (telephony, dictaphones) is a minute, not 8 tokens; base64
+    wrapped at 76 columns is read; a text file in UTF-16, GB18030 or a Windows code page
+    counts about its text; an OpenAI audio answer and a Bedrock text document count too."""
+    samples = 8000 * 60
+    fmt = struct.pack("<HHIIHHHH", 0x11, 1, 8000, 4055, 256, 4, 2, 505)
+    data = bytes(4055 * 60)
+    body = (
+        b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, samples)
+    )
+    body += b"data" + struct.pack("<I", len(data)) + data
+    adpcm = b"RIFF" + struct.pack("<I", len(body)) + body
+    assert media_tokens_of({"type": "audio", "base64": base64.b64encode(adpcm).decode()}) == 1920
+
+    wrapped = base64.encodebytes(base64.b64decode(pdf_base64(7))).decode()
+    assert media_tokens_of({"type": "file", "base64": wrapped}) == 7 * 3000
+
+    csv = "region;quarter;revenue;notes\n" + "Zürich;Q3;1200;über Plan\n" * 3000
+    chinese = "应收账款按客户汇总，逾期发票单独列出。\n" * 2000
+    for text, encoding in [
+        (csv, "cp1252"),
+        (csv, "utf-16"),
+        (chinese, "gb18030"),
+        (chinese, "utf-16"),
+    ]:
+        encoded = base64.b64encode(text.encode(encoding)).decode()
+        assert media_tokens_of({"type": "file", "base64": encoded}) >= 0.8 * estimate_tokens(text)
+
+    reply = AIMessage(
+        "",
+        additional_kwargs={
+            "audio": {"id": "audio_1", "data": wav_base64(60), "transcript": "Sure."}
+        },
+    )
+    assert estimate_tokens(reply) >= 1920
+    report = "The quarterly revenue grew in every region. " * 2000
+    converse = {"document": {"format": "txt", "name": "report", "source": {"text": report}}}
+    assert media_tokens_of(converse) == estimate_tokens(report)
+
+
+def test_a_block_that_holds_itself_is_counted_not_raised() -> None:
+    block: dict[str, object] = {"type": "custom", "note": "x"}
+    block["self"] = block
+    assert estimate_tokens(HumanMessage([block, {"type": "custom", "n": 10**5000}])) > 0
 
 
 def test_a_tag_that_inflates_to_gigabytes_is_never_read(tmp_path: Path) -> None:

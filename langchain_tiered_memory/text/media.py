@@ -32,7 +32,7 @@ AUDIO_BLOCKS = frozenset({"audio", "input_audio"})
 #: Video blocks: charged by their length.
 VIDEO_BLOCKS = frozenset({"video"})
 #: File blocks: a PDF by its pages, a text by its text, anything else by its bytes.
-FILE_BLOCKS = frozenset({"file", "input_file", "document"})
+FILE_BLOCKS = frozenset({"file", "input_file", "document", "text-plain"})
 #: Google GenAI's blocks of any media, told apart by their ``mime_type``.
 MIME_BLOCKS = frozenset({"media", "file_data"})
 #: Bedrock Converse's media blocks: no ``type``, one key naming the kind.
@@ -61,9 +61,12 @@ VIDEO_BYTES_PER_SECOND = 31_250
 MIN_BYTES_PER_SECOND = 100
 #: The fewest bytes believed of a PDF page (a page object and its reference).
 MIN_BYTES_PER_PAGE = 100
-#: Bytes per token of a file that is neither a PDF nor text (as text's four
-#: characters a token).
-BYTES_PER_TOKEN = 4
+#: Bytes per token of a file that is neither a PDF nor text (a zipped office file or a
+#: text in a single-byte code page holds about a token in two).
+BYTES_PER_TOKEN = 2
+#: The most bytes a token believed of a text file (UTF-8 Chinese: three bytes a
+#: character of 1.3 tokens; English text about four characters a token).
+MAX_BYTES_PER_TOKEN = 8
 
 #: Base64 characters (or bytes) read to find an image's size, and to key the cache:
 #: a header (a JPEG's may follow tens of kilobytes of EXIF data).
@@ -76,6 +79,11 @@ CACHE_SIZE = 4096
 PDF_HEADER_WITHIN = 1024
 #: Chunks read of a WAV file before its data.
 WAV_CHUNKS = 64
+#: WAV format tags of uncompressed samples: PCM, IEEE float, extensible.
+WAV_PCM = frozenset({1, 3, 0xFFFE})
+#: The most bytes a second believed of audio (192 kHz, 32-bit, stereo): audio lasts
+#: at least its bytes at this rate, whatever its header says.
+MAX_AUDIO_BYTES_PER_SECOND = 1_536_000
 
 #: A block's data: bytes as they are, or base64 text and where it starts in it.
 Data: TypeAlias = bytes | tuple[str, int]
@@ -198,12 +206,21 @@ def _is_text(block: dict[str, Any], key: str) -> bool:
 
 
 def _inline_text(block: dict[str, Any]) -> str | None:
-    """The text of a document given as text (Anthropic's ``source`` of type ``text``)."""
+    """The text of a document given as text, in the shapes that give one."""
     source = block.get("source")
-    if isinstance(source, dict) and source.get("type") == "text":
+    if isinstance(source, dict) and source.get("type") == "text":  # Anthropic
         return str(source.get("data") or "")
-    if block.get("source_type") == "text":  # LangChain's standard block (v0)
-        return str(block.get("text") or "")
+    if block.get("source_type") == "text" or block.get("type") == "text-plain":
+        text = block.get("text")  # LangChain's standard blocks (v0; v1 may give base64)
+        return text if isinstance(text, str) else None
+    document = block.get("document")
+    source = document.get("source") if isinstance(document, dict) else None
+    if "type" not in block and isinstance(source, dict):  # Bedrock Converse
+        if isinstance(source.get("text"), str):
+            return str(source["text"])
+        if isinstance(source.get("content"), list):
+            parts = [part.get("text") for part in source["content"] if isinstance(part, dict)]
+            return "\n".join(part for part in parts if isinstance(part, str))
     return None
 
 
@@ -256,7 +273,7 @@ def _head(data: Data) -> bytes | None:
     if isinstance(data, bytes):
         return data[:HEAD_CHARS]
     text, start = data
-    head = text[start : start + HEAD_CHARS]
+    head = "".join(text[start : start + HEAD_CHARS].split())  # wrapped at 76 columns
     return _b64(head[: len(head) - len(head) % 4])
 
 
@@ -264,7 +281,8 @@ def _decode(data: Data) -> bytes | None:
     if isinstance(data, bytes):
         return data
     text, start = data
-    return _b64(text[start : len(text) - (len(text) - start) % 4])
+    encoded = "".join(text[start:].split())  # wrapped at 76 columns, as MIME does
+    return _b64(encoded[: len(encoded) - len(encoded) % 4])
 
 
 def _b64(text: str) -> bytes | None:
@@ -281,6 +299,8 @@ def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> in
     if kind in ("audio", "video"):
         audio = kind == "audio"
         seconds = _seconds(raw, audio)
+        if seconds is not None and audio:
+            seconds = max(seconds, len(raw) / MAX_AUDIO_BYTES_PER_SECOND)
         if seconds is None:
             seconds = len(raw) / (AUDIO_BYTES_PER_SECOND if audio else VIDEO_BYTES_PER_SECOND)
         per_second = TOKENS_PER_AUDIO_SECOND if audio else TOKENS_PER_VIDEO_SECOND
@@ -290,10 +310,24 @@ def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> in
         pages = _pdf_pages(raw[at:])
         if pages is not None:
             return min(pages, len(raw) // MIN_BYTES_PER_PAGE + 1) * TOKENS_PER_PDF_PAGE
-    try:
-        return text_tokens(raw.decode("utf-8"))  # a text file: counted as its text
-    except UnicodeDecodeError:
-        return math.ceil(len(raw) / BYTES_PER_TOKEN)
+    text = _text_of(raw)
+    if text is not None:
+        return max(text_tokens(text), math.ceil(len(raw) / MAX_BYTES_PER_TOKEN))
+    return math.ceil(len(raw) / BYTES_PER_TOKEN)
+
+
+def _text_of(raw: bytes) -> str | None:
+    """A text file's text: UTF-8, UTF-16 with its mark, or GB18030 (Chinese Windows)."""
+    marked = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+    for encoding in ("utf-16",) if marked else ("utf-8", "gb18030"):
+        try:
+            text = raw.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        start = text[:4096]
+        if sum(not (c.isprintable() or c.isspace()) for c in start) <= len(start) // 100:
+            return text  # not binary data that happens to decode
+    return None
 
 
 def _seconds(raw: bytes, audio: bool) -> float | None:
@@ -316,7 +350,12 @@ def _seconds(raw: bytes, audio: bool) -> float | None:
 
 
 def _wav_seconds(raw: bytes) -> float | None:
-    byte_rate = 0
+    """A WAV file's length, if its header can be read.
+
+    PCM by its sample rate and block size, as players read it; a compressed one
+    (ADPCM, GSM, MP3 in WAV) by its sample count or its byte rate.
+    """
+    pcm, rate, byte_rate, samples = True, 0, 0, 0
     at = 12
     for _ in range(WAV_CHUNKS):
         if at + 8 > len(raw):
@@ -324,15 +363,21 @@ def _wav_seconds(raw: bytes) -> float | None:
         name, size = raw[at : at + 4], int.from_bytes(raw[at + 4 : at + 8], "little")
         body = at + 8
         if name == b"fmt " and size >= 16:
-            # Samples a second times bytes a sample, as players read it (not the
-            # header's own byte-rate field, which nothing checks).
+            pcm = int.from_bytes(raw[body : body + 2], "little") in WAV_PCM
             rate = int.from_bytes(raw[body + 4 : body + 8], "little")
-            byte_rate = rate * int.from_bytes(raw[body + 12 : body + 14], "little")
+            byte_rate = int.from_bytes(raw[body + 8 : body + 12], "little")
+            if pcm:  # the header's own byte rate is not what players go by
+                byte_rate = rate * int.from_bytes(raw[body + 12 : body + 14], "little")
+        elif name == b"fact" and size >= 4:
+            samples = int.from_bytes(raw[body : body + 4], "little")
         elif name == b"data":
             # A stream written to a pipe says 0 or 0xFFFFFFFF: its data runs to the end.
             held = len(raw) - body
             data = held if size in (0, 0xFFFFFFFF) else min(size, held)
-            return data / byte_rate if byte_rate and data else None
+            seconds = data / byte_rate if byte_rate else 0.0
+            if not pcm and rate and samples:
+                seconds = max(seconds, samples / rate)
+            return seconds or None
         at = body + size + (size & 1)
     return None
 

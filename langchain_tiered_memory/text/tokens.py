@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import reprlib
 import string
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -113,10 +114,17 @@ def _block_text(block: dict[str, Any]) -> str:
             parts += [str(s.get("text") or "") for s in summary if isinstance(s, dict)]
         return "\n".join(part for part in parts if part)
     text = block.get("text") or block.get("content")
-    if text is not None:
-        return str(text)
-    # A block of a kind not known here: its JSON, so it is never counted as nothing.
-    return json.dumps(block, ensure_ascii=False, default=str)
+    try:
+        if text is not None:
+            return str(text)
+        # A block of a kind not known here: its JSON, so it is never counted as nothing.
+        return json.dumps(block, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):  # a block that holds itself, a 5,000-digit int
+        # No provider can be sent it either; counted by a bounded sketch of it.
+        try:
+            return reprlib.repr(block)
+        except ValueError:
+            return " ".join(map(reprlib.repr, block))
 
 
 def _inner_blocks(block: dict[str, Any]) -> list[Any] | None:
@@ -168,6 +176,12 @@ def _message_parts(message: BaseMessage) -> tuple[str, int]:
         parts: list[str] = []
         fixed = _content_parts(content, bool(calls), parts)
         text = "\n".join(parts)
+    audio = message.additional_kwargs.get("audio")
+    if isinstance(audio, dict):  # an OpenAI audio answer, sent back to the model by its id
+        data = audio.get("data")
+        fixed += media_tokens(
+            {"type": "audio", "base64": data} if data else {"type": "audio"}, _text_tokens
+        )
     if calls:
         text += json.dumps(
             [{"name": c.get("name"), "args": c.get("args")} for c in calls],
