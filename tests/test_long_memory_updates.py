@@ -1025,6 +1025,20 @@ A, B = "0f" * 16, "ab" * 16
             ("Unchanged (ACME now pays net 60)", (A,)),
         ),
         (f"UPDATE {A}: N/A (terms now net 60)", ("N/A (terms now net 60)", (A,))),
+        (f"UPDATE {A}: No, this memory is still accurate.", (None, ())),
+        (f"UPDATE {A}: 没有，仍然正确。", (None, ())),
+        (
+            f"UPDATE {A}: No, the terms are no longer the same as before: net 60 days.",
+            ("No, the terms are no longer the same as before: net 60 days.", (A,)),
+        ),
+        (
+            f"UPDATE {A}: Unchanged - except the contact is now Bob Jones.",
+            ("Unchanged - except the contact is now Bob Jones.", (A,)),
+        ),
+        (
+            f"UPDATE {A}: 没有，付款条件与之前不一致，改为月结60天。",
+            ("没有，付款条件与之前不一致，改为月结60天。", (A,)),
+        ),
         (
             f"UPDATE {A}: No change to terms, but the IBAN is now GB33",
             ("No change to terms, but the IBAN is now GB33", (A,)),
@@ -1277,3 +1291,20 @@ def test_forgetting_reads_each_subject_once_however_many_values_stand_again(
     assert all(row.superseded_by is None for row in catalog(backup))
     assert len(catalog(backup)) == 40
     assert len(reads) <= 3
+
+
+def test_a_value_imported_out_of_order_is_linked_in_the_batch_that_updates_its_successor(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """May's address arrives with July's move, which updates June's: May's is superseded by
+    June's, as it would be had it arrived alone."""
+    memory = make_memory(extractor=extractor(answer_a_move))
+    tell(backup, memory, "june", "Our IBAN is DE89 3704 0044.", "2023-06-01")
+    tell(backup, memory, "june", "Our address is 1 Old Road.", "2023-06-01")
+    memory.run_pending()
+    tell(backup, memory, "may", "Our address is 0 Older Road.", "2023-05-01")
+    tell(backup, memory, "july", "We moved.", "2023-07-01")
+    memory.run_pending()
+    links = superseded_by(backup)
+    assert links["Our address is 0 Older Road."] == "Our address is 1 Old Road."
+    assert links["Our address is 1 Old Road."].startswith("Our IBAN is GB99")

@@ -34,12 +34,19 @@ _NO_CHANGE_HEAD = re.compile(
     r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变)|(no|没有|无))(?![\w/])",
     re.IGNORECASE,
 )
-# A remark that says so too: "(nothing changed since 2023)", "— same as before", "与之前相同".
+# A remark that says so too: "(nothing changed since 2023)", "— still valid", "与之前相同".
 _NOTHING_CHANGED = re.compile(
-    r"nothing\s+(?:new|changed|to\s+update)|no\s+(?:changes?|updates?|new)\b|unchanged"
-    r"|same\s+as\s+(?:before|above|earlier)|as\s+before|see\s+above|not\s+(?:changed|relevant)"
-    r"|still\s+(?:valid|correct|current|the\s+same|applies)"
-    r"|不变|无变化|没有变化|未变|保持|相同|一致|仍然有效|同上|无需更新|没有更新",
+    r"nothing\s+(?:new|changed|to\s+(?:update|change))|no\s+(?:changes?|updates?|new)\b"
+    r"|unchanged|\bsame\b|as\s+(?:before|is)\b|see\s+above|up\s+to\s+date"
+    r"|not\s+(?:changed|relevant)|still\s+(?:valid|correct|accurate|current|true|applies)"
+    r"|不变|无变化|没有变化|没变|未变|保持|相同|一致|仍然(?:有效|正确|准确)|同上|无需更新|没有更新",
+    re.IGNORECASE,
+)
+# Words that turn a remark into a new value: "Unchanged, except the IBAN is now ...",
+# "没有, 付款条件与之前不一致, 改为月结60天".
+_BUT = re.compile(
+    r"\b(?:but|except|however|now|instead|changed\s+to|no\s+longer|any\s*more)\b"
+    r"|改为|改成|变为|变成|变更为|调整为|更新为|但|不过|除了|现在|不再|不一致",
     re.IGNORECASE,
 )
 
@@ -47,11 +54,12 @@ _NOTHING_CHANGED = re.compile(
 def _says_nothing_changed(line: str) -> bool:
     """Whether an update's first line says nothing changed, rather than a new value.
 
-    After its head, a line may say nothing more, or add a remark that says so too
-    ("NONE (nothing changed since 2023)"). A remark after "NONE" or "N/A" that has
-    no digit or "@" is a remark too ("N/A — not relevant"); one that does states a
-    value ("None - terms are now net 60", "Unchanged (ACME now pays net 60)"), as
-    does anything after a bare "No" that does not say nothing changed.
+    After its head ("NONE", "N/A", "unchanged", "无变化", or a bare "No"), a line may
+    say nothing more, or add a remark. A remark that turns to something new ("but",
+    "except", "now", "改为") states a value; else one that says nothing changed too
+    ("(nothing changed since 2023)", "No, it is still accurate") is a remark, and so
+    is one without a digit or an "@" after any head but a bare "No" ("N/A — not
+    relevant"; "None - terms are net 60" and "No, ACME pays net sixty" state values).
     """
     found = _NO_CHANGE_HEAD.match(line)
     if found is None:
@@ -61,6 +69,8 @@ def _says_nothing_changed(line: str) -> bool:
         return True
     if rest[:1].isspace() and rest.lstrip()[:1].isalnum():
         return False  # the words go on: "None of our suppliers ..."
+    if _BUT.search(rest):
+        return False
     if _NOTHING_CHANGED.search(rest):
         return True
     return found.group(1) is not None and not re.search(r"[\d@]", rest)

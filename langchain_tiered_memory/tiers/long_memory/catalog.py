@@ -348,20 +348,23 @@ class Catalog:
         """
         c = self.table.c
         linked: dict[tuple[tuple[str, str], str], list[str]] = {}
+        for memory in written:
+            if memory.subject is not None:
+                where = self.scope_key(memory.job.session_id, memory.job.user_id)
+                linked.setdefault((where, family_of(memory.subject)), []).append(memory.id)
+        # Subjects first, as the catalog stood: a memory imported out of order is
+        # linked to the value that stood, even if this batch's UPDATE replaces it.
+        for ((kind, name), family), memory_ids in linked.items():
+            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
         for memory in sorted(written, key=lambda m: m.turn_at):
-            scope = self.owner_condition(memory.job.session_id, memory.job.user_id)
             replaced = [each for each in memory.supersedes if each != memory.id]
             if replaced:
+                scope = self.owner_condition(memory.job.session_id, memory.job.user_id)
                 yield (
                     update(self.table)
                     .where(c.id.in_(replaced), scope)
                     .values(superseded_by=memory.id)
                 )
-            if memory.subject is not None:
-                where = self.scope_key(memory.job.session_id, memory.job.user_id)
-                linked.setdefault((where, family_of(memory.subject)), []).append(memory.id)
-        for ((kind, name), family), memory_ids in linked.items():
-            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
 
     @staticmethod
     def scope_key(session_id: str, user_id: str | None) -> tuple[str, str]:
