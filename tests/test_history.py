@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import math
 import os
+import random
 import struct
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -251,7 +254,7 @@ def test_audio_video_and_files_count_what_they_hold() -> None:
 
 def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
     """A URL or a file id is charged as an unsized image; data of an unknown format by
-    its length (16 kbit/s for audio, 250 kbit/s for video, 2 bytes a token for a file);
+    its length (16 kbit/s for audio, 250 kbit/s for video, 4 bytes a token for a file);
     a header's length is believed only up to what its bytes can hold."""
     for block in (
         {"type": "audio", "url": "https://example.com/call.mp3"},
@@ -265,7 +268,7 @@ def test_media_that_cannot_be_read_is_not_counted_as_little() -> None:
     noise = base64.b64encode(bytes(range(256)) * 800).decode()  # 204,800 bytes
     assert media_tokens_of({"type": "audio", "base64": noise}) == 204_800 * 32 // 2000 + 1
     assert media_tokens_of({"type": "video", "base64": noise}) == math.ceil(204_800 * 290 / 31_250)
-    assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 2
+    assert media_tokens_of({"type": "file", "base64": noise}) == 204_800 // 4
     assert media_tokens_of({"type": "file", "base64": "%%% not base64 %%%"}) > 0
     # A WAV header that says 1 sample a second: 96,000 bytes are not 13 hours.
     raw = bytearray(base64.b64decode(wav_base64(3)))
@@ -413,9 +416,48 @@ def test_compressed_wavs_text_files_and_wrapped_base64_count_what_they_hold() ->
 
 
 def test_a_block_that_holds_itself_is_counted_not_raised() -> None:
-    block: dict[str, object] = {"type": "custom", "note": "x"}
+    block: dict[object, object] = {"type": "custom", "note": "x"}
     block["self"] = block
-    assert estimate_tokens(HumanMessage([block, {"type": "custom", "n": 10**5000}])) > 0
+    odd: list[dict[object, object]] = [
+        {"type": "custom", "n": 10**5000},
+        {"type": "custom", 10**5000: 1},
+        {"type": "custom", ("a", "b"): 1},
+        {"type": "custom", b"k": 1},
+    ]
+    assert estimate_tokens(HumanMessage([block, *odd])) > 0  # type: ignore[list-item]
+
+
+def test_answers_recordings_and_office_files_count_about_what_they_cost() -> None:
+    """An OpenAI pcm16 answer (no header, 48,000 bytes a second) is its length, not 24
+    times it; a μ-law WAV cut after 10 s of a 1-hour recording is 10 s; a Word file counts
+    its text, not the 3 MB photo in it."""
+    rng = random.Random(0)
+    pcm = bytes(rng.getrandbits(8) for _ in range(48_000 * 60))
+    answer = AIMessage(
+        "", additional_kwargs={"audio": {"id": "a1", "data": base64.b64encode(pcm).decode()}}
+    )
+    assert 1920 <= estimate_tokens(answer) < 2000
+
+    fmt = struct.pack("<HHIIHHH", 7, 1, 8000, 8000, 1, 8, 0)
+    body = (
+        b"WAVEfmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"fact"
+        + struct.pack("<II", 4, 8000 * 3600)
+    )
+    body += b"data" + struct.pack("<I", 8000 * 3600) + bytes([0xFF]) * 80_000
+    cut = b"RIFF" + struct.pack("<I", len(body)) + body
+    assert media_tokens_of({"type": "audio", "base64": base64.b64encode(cut).decode()}) == 320
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as docx:
+        docx.writestr(
+            "word/document.xml", "<w:p><w:t>Site inspection, see photo.</w:t></w:p>" * 200
+        )
+        docx.writestr("word/media/image1.jpeg", b"\xff\xd8\xff\xe0" + rng.randbytes(3_000_000))
+    block = {"type": "file", "base64": base64.b64encode(out.getvalue()).decode()}
+    assert 1000 < media_tokens_of(block) < 5000
 
 
 def test_a_tag_that_inflates_to_gigabytes_is_never_read(tmp_path: Path) -> None:

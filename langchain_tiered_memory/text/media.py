@@ -19,6 +19,7 @@ import base64
 import binascii
 import io
 import math
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -36,7 +37,12 @@ FILE_BLOCKS = frozenset({"file", "input_file", "document", "text-plain"})
 #: Google GenAI's blocks of any media, told apart by their ``mime_type``.
 MIME_BLOCKS = frozenset({"media", "file_data"})
 #: Bedrock Converse's media blocks: no ``type``, one key naming the kind.
-CONVERSE_BLOCKS = {"image": "image", "audio": "audio", "video": "video", "document": "file"}
+CONVERSE_BLOCKS = {
+    "image": "image",
+    "audio": "audio",
+    "video": "video",
+    "document": "file",
+}
 
 #: Tokens charged for an image whose size cannot be read: about the most a provider
 #: charges for one image (Anthropic about 1,600 at its 1.15 megapixel cap; OpenAI's
@@ -54,6 +60,8 @@ TOKENS_PER_PDF_PAGE = 3000
 #: Bytes a second assumed for audio whose length cannot be read: 16 kbit/s, a voice
 #: codec's (a lower rate than music's, so a length is overestimated, not under).
 AUDIO_BYTES_PER_SECOND = 2000
+#: Bytes a second of OpenAI's ``pcm16`` audio (24 kHz, 16-bit, mono, no header).
+PCM16_BYTES_PER_SECOND = 48_000
 #: Bytes a second assumed for video whose length cannot be read: 250 kbit/s.
 VIDEO_BYTES_PER_SECOND = 31_250
 #: The fewest bytes a second believed of a header's length (800 bit/s, below any
@@ -61,9 +69,18 @@ VIDEO_BYTES_PER_SECOND = 31_250
 MIN_BYTES_PER_SECOND = 100
 #: The fewest bytes believed of a PDF page (a page object and its reference).
 MIN_BYTES_PER_PAGE = 100
-#: Bytes per token of a file that is neither a PDF nor text (a zipped office file or a
-#: text in a single-byte code page holds about a token in two).
-BYTES_PER_TOKEN = 2
+#: Bytes per token of a file that is neither a PDF, a text nor an office file (as
+#: text's four characters a token).
+BYTES_PER_TOKEN = 4
+#: An office file's XML bytes per token of its text (markup is about half of it).
+ZIP_BYTES_PER_TOKEN = 8
+#: The most an office file's members are believed to inflate (its directory is untrusted).
+ZIP_MAX_RATIO = 20
+#: Members of an office file that are pictures or media, not text.
+ZIP_MEDIA = tuple(
+    ".jpeg .jpg .png .gif .bmp .tif .tiff .emf .wmf .svg .mp3 .mp4 .wav .m4a .mov .avi .bin"
+    " .ttf .odttf .otf".split()
+)
 #: The most bytes a token believed of a text file (UTF-8 Chinese: three bytes a
 #: character of 1.3 tokens; English text about four characters a token).
 MAX_BYTES_PER_TOKEN = 8
@@ -142,10 +159,12 @@ def media_tokens(block: dict[str, Any], text_tokens: Callable[[str], int]) -> in
     data = _data_of(block)
     if data is None:
         return extra + TOKENS_PER_UNREAD_MEDIA
-    key = (kind, *_key(data))
+    # OpenAI's audio answers (``pcm16``) have no header: their bytes tell their length.
+    raw_rate = PCM16_BYTES_PER_SECOND if block.get("format") == "pcm16" else None
+    key = (kind, raw_rate, *_key(data))
     found = _cache.get(key)
     if found is None:
-        found = _cache[key] = _read(str(kind), _decode(data), text_tokens)
+        found = _cache[key] = _read(str(kind), _decode(data), text_tokens, raw_rate)
         if len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return extra + found
@@ -229,7 +248,8 @@ def _data_of(block: dict[str, Any]) -> Data | None:
     candidates: list[Any] = []
     source = block.get("source")
     converse = next(
-        (block[key] for key in CONVERSE_BLOCKS if isinstance(block.get(key), dict)), None
+        (block[key] for key in CONVERSE_BLOCKS if isinstance(block.get(key), dict)),
+        None,
     )
     if converse is not None and "type" not in block:  # Bedrock Converse
         inner = converse.get("source")
@@ -265,7 +285,11 @@ def _key(data: Data) -> tuple[int, int, int]:
     if isinstance(data, bytes):
         return hash(data[:HEAD_CHARS]), hash(data[-HEAD_CHARS:]), len(data)
     text, start = data
-    return hash(text[start : start + HEAD_CHARS]), hash(text[-HEAD_CHARS:]), len(text) - start
+    return (
+        hash(text[start : start + HEAD_CHARS]),
+        hash(text[-HEAD_CHARS:]),
+        len(text) - start,
+    )
 
 
 def _head(data: Data) -> bytes | None:
@@ -292,8 +316,16 @@ def _b64(text: str) -> bytes | None:
         return None
 
 
-def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> int:
-    """The tokens of media ``raw`` of kind ``kind`` (see :func:`media_tokens`)."""
+def _read(
+    kind: str,
+    raw: bytes | None,
+    text_tokens: Callable[[str], int],
+    raw_rate: int | None = None,
+) -> int:
+    """The tokens of media ``raw`` of kind ``kind`` (see :func:`media_tokens`).
+
+    ``raw_rate``: the bytes a second of audio without a header, when known.
+    """
     if raw is None:
         return TOKENS_PER_UNREAD_MEDIA
     if kind in ("audio", "video"):
@@ -302,7 +334,8 @@ def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> in
         if seconds is not None and audio:
             seconds = max(seconds, len(raw) / MAX_AUDIO_BYTES_PER_SECOND)
         if seconds is None:
-            seconds = len(raw) / (AUDIO_BYTES_PER_SECOND if audio else VIDEO_BYTES_PER_SECOND)
+            rate = raw_rate or (AUDIO_BYTES_PER_SECOND if audio else VIDEO_BYTES_PER_SECOND)
+            seconds = len(raw) / rate
         per_second = TOKENS_PER_AUDIO_SECOND if audio else TOKENS_PER_VIDEO_SECOND
         return max(1, math.ceil(min(seconds, len(raw) / MIN_BYTES_PER_SECOND) * per_second))
     at = raw.find(b"%PDF-", 0, PDF_HEADER_WITHIN)
@@ -313,7 +346,21 @@ def _read(kind: str, raw: bytes | None, text_tokens: Callable[[str], int]) -> in
     text = _text_of(raw)
     if text is not None:
         return max(text_tokens(text), math.ceil(len(raw) / MAX_BYTES_PER_TOKEN))
+    if raw[:4] == b"PK\x03\x04":  # an office file (docx, xlsx, pptx): its text, not its pictures
+        held = _untrusted(lambda: _zip_text_bytes(raw))
+        if held is not None:
+            return math.ceil(min(held, len(raw) * ZIP_MAX_RATIO) / ZIP_BYTES_PER_TOKEN)
     return math.ceil(len(raw) / BYTES_PER_TOKEN)
+
+
+def _zip_text_bytes(raw: bytes) -> int:
+    """What a zip's members other than pictures and media hold, by its directory."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        return sum(
+            member.file_size
+            for member in archive.infolist()
+            if not member.filename.lower().endswith(ZIP_MEDIA)
+        )
 
 
 def _text_of(raw: bytes) -> str | None:
@@ -375,7 +422,7 @@ def _wav_seconds(raw: bytes) -> float | None:
             held = len(raw) - body
             data = held if size in (0, 0xFFFFFFFF) else min(size, held)
             seconds = data / byte_rate if byte_rate else 0.0
-            if not pcm and rate and samples:
+            if not pcm and rate and samples and size == data:  # all of it is here
                 seconds = max(seconds, samples / rate)
             return seconds or None
         at = body + size + (size & 1)

@@ -119,12 +119,12 @@ def _block_text(block: dict[str, Any]) -> str:
             return str(text)
         # A block of a kind not known here: its JSON, so it is never counted as nothing.
         return json.dumps(block, ensure_ascii=False, default=str)
-    except (ValueError, RecursionError):  # a block that holds itself, a 5,000-digit int
+    except (TypeError, ValueError, RecursionError):  # holds itself, a 5,000-digit int
         # No provider can be sent it either; counted by a bounded sketch of it.
         try:
             return reprlib.repr(block)
         except ValueError:
-            return " ".join(map(reprlib.repr, block))
+            return type(block).__name__
 
 
 def _inner_blocks(block: dict[str, Any]) -> list[Any] | None:
@@ -179,9 +179,8 @@ def _message_parts(message: BaseMessage) -> tuple[str, int]:
     audio = message.additional_kwargs.get("audio")
     if isinstance(audio, dict):  # an OpenAI audio answer, sent back to the model by its id
         data = audio.get("data")
-        fixed += media_tokens(
-            {"type": "audio", "base64": data} if data else {"type": "audio"}, _text_tokens
-        )
+        answer = {"type": "audio", "base64": data, "format": "pcm16"} if data else {"type": "audio"}
+        fixed += media_tokens(answer, _text_tokens)
     if calls:
         text += json.dumps(
             [{"name": c.get("name"), "args": c.get("args")} for c in calls],
