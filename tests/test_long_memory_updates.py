@@ -1027,6 +1027,17 @@ A, B = "0f" * 16, "ab" * 16
         (f"UPDATE {A}: N/A (terms now net 60)", ("N/A (terms now net 60)", (A,))),
         (f"UPDATE {A}: No, this memory is still accurate.", (None, ())),
         (f"UPDATE {A}: 没有，仍然正确。", (None, ())),
+        (f"UPDATE {A}: NONE (the user mentions the IBAN again, but it is unchanged)", (None, ())),
+        (f"UPDATE {A}: No changes - however, the user may revise this later.", (None, ())),
+        (f"UPDATE {A}: 无变化，现在仍然有效。", (None, ())),
+        (
+            f"UPDATE {A}: No, use the same IBAN DE89 3704 0044 for all invoices.",
+            ("No, use the same IBAN DE89 3704 0044 for all invoices.", (A,)),
+        ),
+        (
+            f"UPDATE {A}: No, the delivery address is the same as the billing one: 1 New Road.",
+            ("No, the delivery address is the same as the billing one: 1 New Road.", (A,)),
+        ),
         (
             f"UPDATE {A}: No, the terms are no longer the same as before: net 60 days.",
             ("No, the terms are no longer the same as before: net 60 days.", (A,)),
@@ -1308,3 +1319,22 @@ def test_a_value_imported_out_of_order_is_linked_in_the_batch_that_updates_its_s
     links = superseded_by(backup)
     assert links["Our address is 0 Older Road."] == "Our address is 1 Old Road."
     assert links["Our address is 1 Old Road."].startswith("Our IBAN is GB99")
+
+
+def test_a_memory_imported_out_of_order_that_updates_a_newer_one_is_not_buried_by_it(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """May's address arrives after July's and the extractor answers UPDATE of July's: the
+    update wins and May's stands; the two never supersede each other."""
+
+    def respond(prompt: str) -> str:
+        said = prompt.rsplit("User: ", 1)[-1].split("\n")[0]
+        offered = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
+        return f"UPDATE [{offered[0][0]}]: {said}" if "Older" in said and offered else said
+
+    memory = make_memory(extractor=extractor(respond))
+    tell(backup, memory, "july", "Our address is 2 New Road.", "2023-07-01")
+    memory.run_pending()
+    tell(backup, memory, "may", "Our address is 0 Older Road.", "2023-05-01")
+    memory.run_pending()
+    assert superseded_by(backup) == {"Our address is 2 New Road.": "Our address is 0 Older Road."}

@@ -42,11 +42,18 @@ _NOTHING_CHANGED = re.compile(
     r"|不变|无变化|没有变化|没变|未变|保持|相同|一致|仍然(?:有效|正确|准确)|同上|无需更新|没有更新",
     re.IGNORECASE,
 )
-# Words that turn a remark into a new value: "Unchanged, except the IBAN is now ...",
-# "没有, 付款条件与之前不一致, 改为月结60天".
-_BUT = re.compile(
-    r"\b(?:but|except|however|now|instead|changed\s+to|no\s+longer|any\s*more)\b"
-    r"|改为|改成|变为|变成|变更为|调整为|更新为|但|不过|除了|现在|不再|不一致",
+# Words that bring a new value in a remark: "except the contact is now Bob", "no longer".
+_NEW_VALUE = re.compile(
+    r"\b(?:except|instead|changed\s+to|no\s+longer|any\s*more|(?:is|are)\s+now"
+    r"|now\s+(?:is|are|pays?|costs?|at|to|in|on|uses?)|new\s+\w+\s+(?:is|are))\b"
+    r"|改为|改成|变为|变成|变更为|调整为|更新为|不再|不一致|除了",
+    re.IGNORECASE,
+)
+# Dates in a remark ("since 2023", "as of 5 May", "2023年5月"), which state no value.
+_DATES = re.compile(
+    r"\b(?:19|20)\d\d\b|\d{1,4}\s*[年月日号]"
+    r"|\b\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
+    r"|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}\b",
     re.IGNORECASE,
 )
 
@@ -55,11 +62,12 @@ def _says_nothing_changed(line: str) -> bool:
     """Whether an update's first line says nothing changed, rather than a new value.
 
     After its head ("NONE", "N/A", "unchanged", "无变化", or a bare "No"), a line may
-    say nothing more, or add a remark. A remark that turns to something new ("but",
-    "except", "now", "改为") states a value; else one that says nothing changed too
-    ("(nothing changed since 2023)", "No, it is still accurate") is a remark, and so
-    is one without a digit or an "@" after any head but a bare "No" ("N/A — not
-    relevant"; "None - terms are net 60" and "No, ACME pays net sixty" state values).
+    say nothing more, or add a remark. A remark with a digit or an "@" (dates aside)
+    states a value ("None - terms are net 60", "No, use the same IBAN DE89 ..."), as
+    does one that brings one in words ("except the contact is now Bob", "改为");
+    else one that says nothing changed too is a remark ("(nothing changed since
+    2023)", "No, it is still accurate", "but it is unchanged"), and so is any other
+    after a head but a bare "No" ("N/A — the user may revise it later").
     """
     found = _NO_CHANGE_HEAD.match(line)
     if found is None:
@@ -69,11 +77,9 @@ def _says_nothing_changed(line: str) -> bool:
         return True
     if rest[:1].isspace() and rest.lstrip()[:1].isalnum():
         return False  # the words go on: "None of our suppliers ..."
-    if _BUT.search(rest):
+    if re.search(r"[\d@]", _DATES.sub(" ", rest)) or _NEW_VALUE.search(rest):
         return False
-    if _NOTHING_CHANGED.search(rest):
-        return True
-    return found.group(1) is not None and not re.search(r"[\d@]", rest)
+    return bool(_NOTHING_CHANGED.search(rest)) or found.group(1) is not None
 
 
 # Line ends as models write them: Windows, old Mac, Unicode line separators.

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -348,14 +348,18 @@ class Catalog:
         """
         c = self.table.c
         linked: dict[tuple[tuple[str, str], str], list[str]] = {}
+        updates = {each: memory.id for memory in written for each in memory.supersedes}
         for memory in written:
             if memory.subject is not None:
                 where = self.scope_key(memory.job.session_id, memory.job.user_id)
                 linked.setdefault((where, family_of(memory.subject)), []).append(memory.id)
         # Subjects first, as the catalog stood: a memory imported out of order is
-        # linked to the value that stood, even if this batch's UPDATE replaces it.
+        # linked to the value that stood, even if this batch's UPDATE replaces it
+        # (but never to one it updates itself: the two would supersede each other).
         for ((kind, name), family), memory_ids in linked.items():
-            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
+            yield from self._subject_plan(
+                family, memory_ids, self._scope_of(kind, name), updates=updates
+            )
         for memory in sorted(written, key=lambda m: m.turn_at):
             replaced = [each for each in memory.supersedes if each != memory.id]
             if replaced:
@@ -378,8 +382,17 @@ class Catalog:
             else self.owner_condition("", name)
         )
 
-    def _subject_plan(self, family: str, memory_ids: Sequence[str], scope: Any) -> Plan[None]:
+    def _subject_plan(
+        self,
+        family: str,
+        memory_ids: Sequence[str],
+        scope: Any,
+        updates: Mapping[str, str] | None = None,
+    ) -> Plan[None]:
         """Link memories of one family and scope with the live ones they replace.
+
+        ``updates`` maps the memories this batch's ``UPDATE`` lines supersede to the
+        memory that does: that memory is never superseded by what it updates.
 
         See :meth:`supersede_plan`: taken in time order, each one supersedes the
         older live ones it replaces, and is superseded by the newest live one that
@@ -418,6 +431,7 @@ class Catalog:
                 for other in live
                 if order[other] > mine
                 and replaces(subject[other], subject[memory_id], owners[other])
+                and (updates or {}).get(other) != memory_id
             ]
             if newer:
                 successor[memory_id] = changed[memory_id] = max(newer, key=order.__getitem__)
