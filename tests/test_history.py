@@ -459,6 +459,23 @@ def test_answers_recordings_and_office_files_count_about_what_they_cost() -> Non
     block = {"type": "file", "base64": base64.b64encode(out.getvalue()).decode()}
     assert 1000 < media_tokens_of(block) < 5000
 
+    # A picture of any other kind (PowerPoint's .wdp) is no text either; Chinese text is
+    # counted as Chinese; a zip of 20,000 members is not listed, but counted by its bytes.
+    chinese = "应收账款按客户汇总，逾期发票单独列出。" * 3000
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as pptx:
+        pptx.writestr("ppt/slides/slide1.xml", f"<p:sld><a:t>{chinese}</a:t></p:sld>")
+        pptx.writestr("ppt/media/hdphoto1.wdp", rng.randbytes(3_000_000))
+    block = {"type": "file", "base64": base64.b64encode(out.getvalue()).decode()}
+    assert abs(media_tokens_of(block) - estimate_tokens(chinese)) < 0.01 * estimate_tokens(chinese)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as many:
+        for n in range(20_000):
+            many.writestr(f"{n}.xml", "x")
+    assert media_tokens_of(
+        {"type": "file", "base64": base64.b64encode(out.getvalue()).decode()}
+    ) == (math.ceil(len(out.getvalue()) / 4))
+
 
 def test_a_tag_that_inflates_to_gigabytes_is_never_read(tmp_path: Path) -> None:
     """An MP3 whose compressed ID3 title inflates to 300 MB: counting it reads its length,

@@ -19,6 +19,7 @@ import base64
 import binascii
 import io
 import math
+import re
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
@@ -72,15 +73,15 @@ MIN_BYTES_PER_PAGE = 100
 #: Bytes per token of a file that is neither a PDF, a text nor an office file (as
 #: text's four characters a token).
 BYTES_PER_TOKEN = 4
-#: An office file's XML bytes per token of its text (markup is about half of it).
-ZIP_BYTES_PER_TOKEN = 8
-#: The most an office file's members are believed to inflate (its directory is untrusted).
+#: The most an office file's text members are read inflated, times its own size (a
+#: zip bomb is read no further).
 ZIP_MAX_RATIO = 20
-#: Members of an office file that are pictures or media, not text.
-ZIP_MEDIA = tuple(
-    ".jpeg .jpg .png .gif .bmp .tif .tiff .emf .wmf .svg .mp3 .mp4 .wav .m4a .mov .avi .bin"
-    " .ttf .odttf .otf".split()
-)
+#: The most members an office file is read with (its directory is read first).
+ZIP_MAX_MEMBERS = 10_000
+#: Members of an office file (docx, xlsx, pptx, odt, epub) that hold its text.
+ZIP_TEXT = (".xml", ".rels", ".txt", ".xhtml", ".html", ".htm", ".csv", ".json")
+# Markup around an office file's text.
+_TAGS = re.compile(r"<[^<>]*+>")
 #: The most bytes a token believed of a text file (UTF-8 Chinese: three bytes a
 #: character of 1.3 tokens; English text about four characters a token).
 MAX_BYTES_PER_TOKEN = 8
@@ -347,20 +348,28 @@ def _read(
     if text is not None:
         return max(text_tokens(text), math.ceil(len(raw) / MAX_BYTES_PER_TOKEN))
     if raw[:4] == b"PK\x03\x04":  # an office file (docx, xlsx, pptx): its text, not its pictures
-        held = _untrusted(lambda: _zip_text_bytes(raw))
-        if held is not None:
-            return math.ceil(min(held, len(raw) * ZIP_MAX_RATIO) / ZIP_BYTES_PER_TOKEN)
+        text = _untrusted(lambda: _zip_text(raw))
+        if text is not None:
+            return max(1, text_tokens(text))
     return math.ceil(len(raw) / BYTES_PER_TOKEN)
 
 
-def _zip_text_bytes(raw: bytes) -> int:
-    """What a zip's members other than pictures and media hold, by its directory."""
+def _zip_text(raw: bytes) -> str | None:
+    """The text of a zip's text members, without their markup, if it has few members."""
+    end = raw.rfind(b"PK\x05\x06", max(0, len(raw) - 65_557))
+    if end < 0 or int.from_bytes(raw[end + 10 : end + 12], "little") > ZIP_MAX_MEMBERS:
+        return None  # no directory, or too many members to list (0xFFFF: a zip64 one)
+    budget = len(raw) * ZIP_MAX_RATIO
+    parts: list[str] = []
     with zipfile.ZipFile(io.BytesIO(raw)) as archive:
-        return sum(
-            member.file_size
-            for member in archive.infolist()
-            if not member.filename.lower().endswith(ZIP_MEDIA)
-        )
+        for member in archive.infolist():
+            if budget <= 0 or not member.filename.lower().endswith(ZIP_TEXT):
+                continue
+            with archive.open(member) as stream:
+                data = stream.read(budget)
+            budget -= len(data)
+            parts.append(data.decode("utf-8", "replace"))
+    return _TAGS.sub(" ", " ".join(parts))
 
 
 def _text_of(raw: bytes) -> str | None:
