@@ -1019,56 +1019,41 @@ A, B = "0f" * 16, "ab" * 16
         (f"UPDATE {A}: 没有，与之前相同", (None, ())),
         (f"UPDATE {A}: NONE (see above) — nothing new", (None, ())),
         (f"UPDATE {A}: N/A – not relevant to any memory", (None, ())),
-        # A remark that states something new is a value, in brackets too.
-        (
-            f"UPDATE {A}: Unchanged (ACME now pays net 60)",
-            ("Unchanged (ACME now pays net 60)", (A,)),
-        ),
-        (f"UPDATE {A}: N/A (terms now net 60)", ("N/A (terms now net 60)", (A,))),
         (f"UPDATE {A}: No, this memory is still accurate.", (None, ())),
         (f"UPDATE {A}: 没有，仍然正确。", (None, ())),
-        (f"UPDATE {A}: NONE (the user mentions the IBAN again, but it is unchanged)", (None, ())),
-        (f"UPDATE {A}: No changes - however, the user may revise this later.", (None, ())),
-        (f"UPDATE {A}: 无变化，现在仍然有效。", (None, ())),
-        (
-            f"UPDATE {A}: No, use the same IBAN DE89 3704 0044 for all invoices.",
-            ("No, use the same IBAN DE89 3704 0044 for all invoices.", (A,)),
+        # A line that says nothing changed and then more supersedes nothing: what it
+        # says more is kept beside the memory (a misread remark never buries it, nor is
+        # a new fact in it lost).
+        *(
+            (f"UPDATE {A}: {said}", (said, ()))
+            for said in (
+                "Unchanged (ACME now pays net 60)",
+                "N/A (terms now net 60)",
+                "NONE (the user mentions the IBAN again, but it is unchanged)",
+                "No changes - however, the user may revise this later.",
+                "No, use the same IBAN DE89 3704 0044 for all invoices.",
+                "No, the delivery address is the same as the billing one: 1 New Road.",
+                "No, the terms are no longer the same as before: net 60 days.",
+                "Unchanged - except the contact is now Bob Jones.",
+                "没有，付款条件与之前不一致，改为月结60天。",
+                "No, ACME now pays net sixty.",
+                "Unchanged, except the IBAN is now GB33.",
+                "None - terms are now net 60.",
+                "没有，付款条件改为月结60天",
+                "无变化，但联系人换成了李四。",
+            )
         ),
+        # Marks over a text, or a line whose words go on, state a value.
+        (f"UPDATE {A}: ✅\nBob Jones is the contact.", ("✅\nBob Jones is the contact.", (A,))),
         (
-            f"UPDATE {A}: No, the delivery address is the same as the billing one: 1 New Road.",
-            ("No, the delivery address is the same as the billing one: 1 New Road.", (A,)),
-        ),
-        (
-            f"UPDATE {A}: No, the terms are no longer the same as before: net 60 days.",
-            ("No, the terms are no longer the same as before: net 60 days.", (A,)),
-        ),
-        (
-            f"UPDATE {A}: Unchanged - except the contact is now Bob Jones.",
-            ("Unchanged - except the contact is now Bob Jones.", (A,)),
-        ),
-        (
-            f"UPDATE {A}: 没有，付款条件与之前不一致，改为月结60天。",
-            ("没有，付款条件与之前不一致，改为月结60天。", (A,)),
+            f"UPDATE {A}: None of our suppliers accept cheques.",
+            ("None of our suppliers accept cheques.", (A,)),
         ),
         (
             f"UPDATE {A}: No change to terms, but the IBAN is now GB33",
             ("No change to terms, but the IBAN is now GB33", (A,)),
         ),
-        # Marks over a text, or a bare "no" before words, start a value.
-        (f"UPDATE {A}: ✅\nBob Jones is the contact.", ("✅\nBob Jones is the contact.", (A,))),
-        (f"UPDATE {A}: No, ACME now pays net sixty.", ("No, ACME now pays net sixty.", (A,))),
-        (
-            f"UPDATE {A}: None of our suppliers accept cheques.",
-            ("None of our suppliers accept cheques.", (A,)),
-        ),
         (f"UPDATE {A}: 无锡仓库的地址改为X路1号", ("无锡仓库的地址改为X路1号", (A,))),
-        # ... and a line that goes on to a value is a value.
-        (
-            f"UPDATE {A}: Unchanged, except the IBAN is now GB33.",
-            ("Unchanged, except the IBAN is now GB33.", (A,)),
-        ),
-        (f"UPDATE {A}: None - terms are now net 60.", ("None - terms are now net 60.", (A,))),
-        (f"UPDATE {A}: 没有，付款条件改为月结60天", ("没有，付款条件改为月结60天", (A,))),
         # A summary line that merely starts with UPDATE and a name is kept as written.
         ("Patched:\nUPDATE KB5034441: boot fix", ("Patched:\nUPDATE KB5034441: boot fix", ())),
         ("The user ran:\nUPDATE orders_2024\n", ("The user ran:\nUPDATE orders_2024\n", ())),
@@ -1321,20 +1306,48 @@ def test_a_value_imported_out_of_order_is_linked_in_the_batch_that_updates_its_s
     assert links["Our address is 1 Old Road."].startswith("Our IBAN is GB99")
 
 
-def test_a_memory_imported_out_of_order_that_updates_a_newer_one_is_not_buried_by_it(
-    make_memory: MakeMemory, backup: MySQLBackup
+# Stories of a memory imported out of order whose extractor answers UPDATE of a newer
+# one (the memory whose text has the word updates the first one offered): the turns
+# after the first (run alone) come in one batch; what supersedes what at the end.
+LATE_UPDATES: dict[str, tuple[str, list[tuple[str, str, str]], dict[str, str]]] = {
+    "the update wins and the two never supersede each other": (
+        "Older",
+        [
+            ("july", "Our address is 2 New Road.", "2023-07-01"),
+            ("may", "Our address is 0 Older Road.", "2023-05-01"),
+        ],
+        {"Our address is 2 New Road.": "Our address is 0 Older Road."},
+    ),
+    "no link leads back through a third memory": (
+        "May",
+        [
+            ("july", "Our address is 7 July Road.", "2023-07-01"),
+            ("may", "Our address is 5 May Road.", "2023-05-01"),
+            ("june", "Our address is 6 June Road.", "2023-06-01"),
+        ],
+        {
+            "Our address is 7 July Road.": "Our address is 5 May Road.",
+            "Our address is 5 May Road.": "Our address is 6 June Road.",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("story", list(LATE_UPDATES))
+def test_links_never_lead_back_to_where_they_start(
+    make_memory: MakeMemory, backup: MySQLBackup, story: str
 ) -> None:
-    """May's address arrives after July's and the extractor answers UPDATE of July's: the
-    update wins and May's stands; the two never supersede each other."""
+    word, turns, superseded = LATE_UPDATES[story]
 
     def respond(prompt: str) -> str:
         said = prompt.rsplit("User: ", 1)[-1].split("\n")[0]
         offered = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.MULTILINE)
-        return f"UPDATE [{offered[0][0]}]: {said}" if "Older" in said and offered else said
+        return f"UPDATE [{offered[0][0]}]: {said}" if word in said and offered else said
 
     memory = make_memory(extractor=extractor(respond))
-    tell(backup, memory, "july", "Our address is 2 New Road.", "2023-07-01")
+    for n, (session, text, when) in enumerate(turns):
+        tell(backup, memory, session, text, when)
+        if n == 0:
+            memory.run_pending()
     memory.run_pending()
-    tell(backup, memory, "may", "Our address is 0 Older Road.", "2023-05-01")
-    memory.run_pending()
-    assert superseded_by(backup) == {"Our address is 2 New Road.": "Our address is 0 Older Road."}
+    assert superseded_by(backup) == superseded

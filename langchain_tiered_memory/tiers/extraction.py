@@ -26,15 +26,14 @@ logger = logging.getLogger(__name__)
 
 _NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
 # An update's first line that says nothing changed starts with one of these ("NONE",
-# "N/A — no update needed", "无需更新"); a bare "no", "没有" or "无" may also start a
-# value ("No, ACME now pays net sixty", "没有, 付款条件改为月结60天").
+# "N/A — no update needed", "无需更新", "No, ...").
 _NO_CHANGE_HEAD = re.compile(
-    r"[\W_]*+(?:(none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
+    r"[\W_]*+(?:none|n/?a|not\s+applicable|no\s+(?:changes?|updates?|new\s+information)"
     r"(?:\s+needed)?|nothing\s+(?:new|changed|to\s+update)|unchanged|same\s+as\s+before"
-    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变)|(no|没有|无))(?![\w/])",
+    r"|没有变化|没有更新|无变化|无需更新|保持不变|未变化|不变|未变|no|没有|无)(?![\w/])",
     re.IGNORECASE,
 )
-# A remark that says so too: "(nothing changed since 2023)", "— still valid", "与之前相同".
+# A remark that only says so too: "(nothing changed since 2023)", "— still valid".
 _NOTHING_CHANGED = re.compile(
     r"nothing\s+(?:new|changed|to\s+(?:update|change))|no\s+(?:changes?|updates?|new)\b"
     r"|unchanged|\bsame\b|as\s+(?:before|is)\b|see\s+above|up\s+to\s+date"
@@ -42,14 +41,13 @@ _NOTHING_CHANGED = re.compile(
     r"|不变|无变化|没有变化|没变|未变|保持|相同|一致|仍然(?:有效|正确|准确)|同上|无需更新|没有更新",
     re.IGNORECASE,
 )
-# Words that bring a new value in a remark: "except the contact is now Bob", "no longer".
-_NEW_VALUE = re.compile(
-    r"\b(?:except|instead|changed\s+to|no\s+longer|any\s*more|(?:is|are)\s+now"
-    r"|now\s+(?:is|are|pays?|costs?|at|to|in|on|uses?)|new\s+\w+\s+(?:is|are))\b"
-    r"|改为|改成|变为|变成|变更为|调整为|更新为|不再|不一致|除了",
+# Words by which a remark says more than that: "but the contact is Bob", "改为".
+_MORE = re.compile(
+    r"\b(?:but|except|however|instead|now|changed\s+to|no\s+longer|any\s*more|new\s+\w+\s+(?:is|are))\b"
+    r"|但|不过|除了|现在|改为|改成|变为|变成|换成|变更|调整|不再|不一致",
     re.IGNORECASE,
 )
-# Dates in a remark ("since 2023", "as of 5 May", "2023年5月"), which state no value.
+# Dates in a remark ("since 2023", "as of 5 May", "2023年5月"), which say nothing new.
 _DATES = re.compile(
     r"\b(?:19|20)\d\d\b|\d{1,4}\s*[年月日号]"
     r"|\b\d{1,2}(?:st|nd|rd|th)?\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)"
@@ -58,28 +56,29 @@ _DATES = re.compile(
 )
 
 
-def _says_nothing_changed(line: str) -> bool:
-    """Whether an update's first line says nothing changed, rather than a new value.
+def _nothing_changed(line: str) -> bool | None:
+    """Whether an update's first line says nothing changed about its memory.
 
-    After its head ("NONE", "N/A", "unchanged", "无变化", or a bare "No"), a line may
-    say nothing more, or add a remark. A remark with a digit or an "@" (dates aside)
-    states a value ("None - terms are net 60", "No, use the same IBAN DE89 ..."), as
-    does one that brings one in words ("except the contact is now Bob", "改为");
-    else one that says nothing changed too is a remark ("(nothing changed since
-    2023)", "No, it is still accurate", "but it is unchanged"), and so is any other
-    after a head but a bare "No" ("N/A — the user may revise it later").
+    Returns:
+        ``None`` if it states a new value (it does not start by saying nothing
+        changed, or its words go on: "None of our suppliers ..."); ``True`` if it
+        says nothing more, or only that nothing changed ("NONE (nothing changed
+        since 2023)", "No, it is still accurate"); ``False`` if it says nothing
+        changed and then more ("N/A, but the contact is now Bob", "No, ACME now
+        pays net sixty"). Either way such a line supersedes nothing: what it says
+        more is kept as a memory of its own, so a misread remark never buries the
+        memory, nor is a new fact in it lost.
     """
     found = _NO_CHANGE_HEAD.match(line)
     if found is None:
-        return False
+        return None
     rest = line[found.end() :]
-    if not rest.strip() or not any(map(str.isalnum, rest)):
-        return True
     if rest[:1].isspace() and rest.lstrip()[:1].isalnum():
-        return False  # the words go on: "None of our suppliers ..."
-    if re.search(r"[\d@]", _DATES.sub(" ", rest)) or _NEW_VALUE.search(rest):
-        return False
-    return bool(_NOTHING_CHANGED.search(rest)) or found.group(1) is not None
+        return None  # the words go on: "None of our suppliers ..."
+    if not any(map(str.isalnum, rest)):
+        return True
+    only = _NOTHING_CHANGED.search(rest) and not _MORE.search(rest)
+    return bool(only) and not re.search(r"[\d@]", _DATES.sub(" ", rest))
 
 
 # Line ends as models write them: Windows, old Mac, Unicode line separators.
@@ -264,8 +263,11 @@ def parse_update(text: str, offered: Collection[str]) -> tuple[str | None, tuple
             raise ValueError(msg)
         first_line, _, rest = new_text.partition("\n")
         # Only marks ("--", "…") say nothing either; "✅" over a text is that text's.
-        if _says_nothing_changed(first_line.strip(_MARKUP)) or not any(map(str.isalnum, new_text)):
-            parts.append(rest.strip(_MARKUP))  # nothing changed about it; a summary may follow
+        said = _nothing_changed(first_line.strip(_MARKUP))
+        if said is not None or not any(map(str.isalnum, new_text)):
+            # Nothing changed about it: it stays. A summary may follow, and a remark
+            # that says more is kept beside it, superseding nothing.
+            parts.append(new_text if said is False else rest.strip(_MARKUP))
             continue
         if known is None:
             refused.append(found.group(3)[:80])

@@ -392,7 +392,9 @@ class Catalog:
         """Link memories of one family and scope with the live ones they replace.
 
         ``updates`` maps the memories this batch's ``UPDATE`` lines supersede to the
-        memory that does: that memory is never superseded by what it updates.
+        memory that does (they are applied after): no link is made that would lead,
+        through them and the links already made, back to where it starts, so no
+        two memories ever supersede each other, directly or through others.
 
         See :meth:`supersede_plan`: taken in time order, each one supersedes the
         older live ones it replaces, and is superseded by the newest live one that
@@ -417,13 +419,28 @@ class Catalog:
                 named.add(row.subject)
             owners[row.id] = len(named)
         changed: dict[str, str] = {}
+        planned = dict(updates or {})
+
+        def leads_to(start: str, goal: str) -> bool:
+            """Whether the links from ``start`` reach ``goal`` (an UPDATE line's first)."""
+            seen: set[str] = set()
+            node: str | None = start
+            while node is not None and node not in seen:
+                if node == goal:
+                    return True
+                seen.add(node)
+                node = planned.get(node, successor.get(node))
+            return False
+
         # Not in this scope's catalog (merged away): nothing to link.
         for memory_id in sorted((m for m in memory_ids if m in order), key=order.__getitem__):
             mine = order[memory_id]
             live = [other for other in order if other != memory_id and successor[other] is None]
             for other in live:
-                if order[other] < mine and replaces(
-                    subject[memory_id], subject[other], owners[memory_id]
+                if (
+                    order[other] < mine
+                    and replaces(subject[memory_id], subject[other], owners[memory_id])
+                    and not leads_to(memory_id, other)
                 ):
                     successor[other] = changed[other] = memory_id
             newer = [
@@ -431,7 +448,7 @@ class Catalog:
                 for other in live
                 if order[other] > mine
                 and replaces(subject[other], subject[memory_id], owners[other])
-                and (updates or {}).get(other) != memory_id
+                and not leads_to(other, memory_id)
             ]
             if newer:
                 successor[memory_id] = changed[memory_id] = max(newer, key=order.__getitem__)
