@@ -163,12 +163,7 @@ def media_tokens(block: dict[str, Any], text_tokens: Callable[[str], int]) -> in
     # OpenAI's audio answers (``pcm16``) have no header: their bytes tell their length.
     raw_rate = PCM16_BYTES_PER_SECOND if block.get("format") == "pcm16" else None
     key = (kind, raw_rate, *_key(data))
-    found = _cache.get(key)
-    if found is None:
-        found = _cache[key] = _read(str(kind), _decode(data), text_tokens, raw_rate)
-        if len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return extra + found
+    return extra + _kept(key, lambda: _read(str(kind), _decode(data), text_tokens, raw_rate))
 
 
 def image_tokens(block: dict[str, Any]) -> int:
@@ -184,10 +179,14 @@ def image_tokens(block: dict[str, Any]) -> int:
     data = _data_of(block)
     if data is None:
         return TOKENS_PER_UNSIZED_IMAGE
-    key = ("image", *_key(data))
-    found = _cache.get(key)
+    return _kept(("image", *_key(data)), lambda: _image_tokens(_head(data)))
+
+
+def _kept(key: tuple[Any, ...], count: Callable[[], int]) -> int:
+    """``count()``, kept by ``key``: a message is counted again at every turn."""
+    found = _cache.get(key)  # one lookup: another thread may evict meanwhile
     if found is None:
-        found = _cache[key] = _image_tokens(_head(data))
+        found = _cache[key] = count()
         if len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return found

@@ -347,19 +347,13 @@ class Catalog:
         indexed lookup per memory with a subject.
         """
         c = self.table.c
-        linked: dict[tuple[tuple[str, str], str], list[str]] = {}
         updates = {each: memory.id for memory in written for each in memory.supersedes}
-        for memory in written:
-            if memory.subject is not None:
-                where = self.scope_key(memory.job.session_id, memory.job.user_id)
-                linked.setdefault((where, family_of(memory.subject)), []).append(memory.id)
         # Subjects first, as the catalog stood: a memory imported out of order is
         # linked to the value that stood, even if this batch's UPDATE replaces it
         # (but never to one it updates itself: the two would supersede each other).
-        for ((kind, name), family), memory_ids in linked.items():
-            yield from self._subject_plan(
-                family, memory_ids, self._scope_of(kind, name), updates=updates
-            )
+        yield from self._subjects_plan(
+            [(m.id, m.subject, m.job.session_id, m.job.user_id) for m in written], updates
+        )
         for memory in sorted(written, key=lambda m: m.turn_at):
             replaced = [each for each in memory.supersedes if each != memory.id]
             if replaced:
@@ -370,17 +364,24 @@ class Catalog:
                     .values(superseded_by=memory.id)
                 )
 
-    @staticmethod
-    def scope_key(session_id: str, user_id: str | None) -> tuple[str, str]:
-        """Which scope a memory supersedes in (see :meth:`owner_condition`), as data."""
-        return ("user", user_id) if user_id is not None else ("session", session_id)
+    def _subjects_plan(
+        self,
+        memories: Sequence[tuple[str, str | None, str, str | None]],
+        updates: Mapping[str, str] | None = None,
+    ) -> Plan[None]:
+        """Run :meth:`_subject_plan` once per scope and subject family.
 
-    def _scope_of(self, kind: str, name: str) -> Any:
-        return (
-            self.owner_condition(name, None)
-            if kind == "session"
-            else self.owner_condition("", name)
-        )
+        ``memories`` are ``(id, subject, session_id, user_id)``; a user's scope is
+        all of the user's sessions (see :meth:`owner_condition`).
+        """
+        groups: dict[tuple[str, str | None, str], list[str]] = {}
+        for memory_id, subject, session_id, user_id in memories:
+            if subject is not None:
+                where = ("", user_id) if user_id is not None else (session_id, None)
+                groups.setdefault((*where, family_of(subject)), []).append(memory_id)
+        for (session_id, user_id, family), memory_ids in groups.items():
+            scope = self.owner_condition(session_id, user_id)
+            yield from self._subject_plan(family, memory_ids, scope, updates)
 
     def _subject_plan(
         self,
@@ -573,14 +574,10 @@ class Catalog:
             yield update(self.table).where(c.id.in_(linked)).values(superseded_by=target)
         yield delete(self.table).where(c.id.in_(list(gone)))
         # Those that stand again: a newer value of their own subject may replace them.
-        again: dict[tuple[tuple[str, str], str], list[str]] = {}
-        standing_again = set(relink.get(None, ()))
-        for row in linked_rows:
-            if row.id in standing_again and row.subject is not None:
-                where = self.scope_key(row.session_id, row.user_id)
-                again.setdefault((where, family_of(row.subject)), []).append(row.id)
-        for ((kind, name), family), memory_ids in again.items():
-            yield from self._subject_plan(family, memory_ids, self._scope_of(kind, name))
+        again = set(relink.get(None, ()))
+        yield from self._subjects_plan(
+            [(r.id, r.subject, r.session_id, r.user_id) for r in linked_rows if r.id in again]
+        )
 
     def count_plan(self) -> Plan[int]:
         """How many memories the catalog holds."""
