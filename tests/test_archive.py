@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import shutil
@@ -19,6 +20,7 @@ from langchain_core.messages import (
     ChatMessage,
     FunctionMessage,
     HumanMessage,
+    RemoveMessage,
     SystemMessage,
     ToolMessage,
 )
@@ -554,6 +556,25 @@ def test_a_message_of_a_type_that_cannot_be_read_back_is_refused_and_nothing_is_
     with pytest.raises(TypeError, match="type 'note'"):
         TieredChatMessageHistory("s1", backup=backup).add_messages([NoteMessage("x")])
     assert [m.content for m in backup.get_messages("s1")] == ["the warehouse is in Lyon", "ok"]
+
+
+def test_a_remove_message_is_refused_and_nothing_is_lost(
+    backup: MySQLBackup, tmp_path: Path
+) -> None:
+    """A RemoveMessage was archived as a message: nothing was removed and every later
+    prompt carried a message providers cannot convert."""
+    sent = [HumanMessage("q", id="h1"), AIMessage("a", id="a1")]
+    for archive in (backup, SessionFileArchive(tmp_path)):
+        archive.add_messages("s1", sent)
+        with pytest.raises(TypeError, match=r"messages\[1\] is a RemoveMessage.*reducer"):
+            archive.add_messages("s1", [HumanMessage("next"), RemoveMessage(id="a1")])
+        assert archive.get_messages("s1") == sent
+    history = TieredChatMessageHistory("s2", backup=backup)
+    with pytest.raises(TypeError, match="RemoveMessage"):
+        history.add_messages([HumanMessage("q"), RemoveMessage(id="x")])
+    with pytest.raises(TypeError, match="RemoveMessage"):
+        asyncio.run(history.aadd_messages([RemoveMessage(id="x")]))
+    assert history.messages == []
 
 
 def test_values_json_cannot_hold_are_archived_as_langchains_stand_in(backup: MySQLBackup) -> None:

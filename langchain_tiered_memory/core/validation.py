@@ -22,8 +22,11 @@ MAX_ID_LENGTH = 255
 MAX_NESTING = 200
 #: The message types ``langchain_core.messages.messages_from_dict`` reads back: a
 #: message of another ``type`` (a custom subclass) could be stored, never loaded.
+#: ``remove`` is left out: a ``RemoveMessage`` is an instruction to LangGraph's
+#: ``add_messages`` reducer, not a message; archived, it reached every later prompt,
+#: which providers refuse.
 READABLE_TYPES = frozenset(
-    {"human", "ai", "system", "chat", "function", "tool", "remove"}
+    {"human", "ai", "system", "chat", "function", "tool"}
     | {f"{kind}MessageChunk" for kind in ("AI", "Human", "Function", "Tool", "System", "Chat")}
 )
 #: Largest count accepted for a limit, a number of turns, a threshold, a batch or
@@ -366,6 +369,13 @@ def validate_messages(messages: Iterable[Any]) -> Sequence[BaseMessage]:
         if not isinstance(message, BaseMessage):
             msg = (
                 f"messages[{index}] is a {type(message).__name__}, not a langchain_core BaseMessage"
+            )
+            raise TypeError(msg)
+        if message.type == "remove":
+            msg = (
+                f"messages[{index}] is a RemoveMessage: an instruction to LangGraph's message "
+                "reducer, not a message to archive; the archive keeps every message "
+                "(clear() or forget() remove a session's messages)"
             )
             raise TypeError(msg)
         if message.type not in READABLE_TYPES:
