@@ -8,6 +8,7 @@ SIGKILL (or ending with ``os._exit``) in the middle of a consolidation.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -124,6 +125,17 @@ class FakeLLM(GenericFakeChatModel):
             return ChatResult(generations=[ChatGeneration(message=message)])
         finally:
             self.calls.end(key)
+
+
+class CancelledLLM(FakeLLM):
+    """Raises ``asyncio.CancelledError`` (no ``Exception``), as a cancelled HTTP client does."""
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        _, key = self.calls.begin(str(messages[-1].content))
+        self.calls.end(key)
+        raise asyncio.CancelledError("request cancelled")
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -528,6 +540,7 @@ def test_a_failing_llm_archives_the_batch_raw(
         "hang": FakeLLM(sleep=2.0),  # past timeout=0.2
         "empty": FakeLLM(answer="  \n "),
         "huge": FakeLLM(answer="# memory\n" + "y" * (20 * 1024 * 1024)),
+        "cancelled": CancelledLLM(),  # it killed the worker thread for good
     }.items():
         consolidator = make_consolidator(llm, timeout=0.2)
         history = TieredChatMessageHistory(session, backup=backup, consolidator=consolidator)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -225,6 +226,44 @@ def test_always_failing_extractor_stores_the_raw_turn(
     assert (row.kind, row.text) == ("raw", "User: what is the AR table?\nAI: a ledger")
     assert sources(row) == archive_ids(backup, "raw")
     assert memory.queue.depth() == 0
+
+
+class Aborting(FakeExtractor):
+    """Raises a ``BaseException`` that is no ``Exception`` on its first two calls."""
+
+    abort: Any = None
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+        if self.recorder.calls < 2:
+            self.recorder.add(self.name_tag, "aborted")
+            raise self.abort
+        return super()._generate(messages, stop, run_manager, **kw)
+
+
+@pytest.mark.parametrize(
+    "abort",
+    [asyncio.CancelledError("request cancelled"), KeyboardInterrupt(), SystemExit(3)],
+    ids=["cancelled", "interrupt", "exit"],
+)
+def test_an_extractor_raising_a_base_exception_is_a_failed_attempt(
+    make_memory: MakeMemory, backup: MySQLBackup, abort: BaseException
+) -> None:
+    """An asyncio.CancelledError from the model (an HTTP client cancelled) killed the
+    worker thread for good: no later turn of any user was extracted, and flush raised
+    the model's error."""
+    extractor = Aborting(abort=abort)
+    memory = make_memory(
+        extractor=extractor, start_worker=True, poll_interval=0.05, retry_base_delay=0.01
+    )
+    say(history(backup, memory, "s1", "u"), "my bike is red", "Noted.")
+    say(history(backup, memory, "s2", "v"), "my car is green", "Noted.")
+    memory.flush(timeout=30)
+    texts = sorted(row.text for row in catalog(backup))
+    assert texts == ["Summary: my bike is red", "Summary: my car is green"]
+    assert extractor.recorder.calls == 4  # two failed attempts, then each job once
+    # The worker thread lives on: a later turn is extracted without a flush.
+    say(history(backup, memory, "s3", "w"), "my boat is blue", "Noted.")
+    assert wait_until(lambda: len(catalog(backup)) == 3, timeout=30)
 
 
 def test_flush_times_out_while_a_job_backs_off(

@@ -261,6 +261,8 @@ def call_with_timeout(fn: Callable[[], T], timeout: float) -> T:
     Raises:
         TimeoutError: If ``fn`` has not returned after ``timeout`` seconds (it is
             left to finish on its own; its result is dropped).
+        RuntimeError: If ``fn`` raised a ``BaseException`` that is no
+            ``Exception`` (``asyncio.CancelledError``, ``SystemExit``...), chained.
     """
     box: dict[str, Any] = {}
 
@@ -277,7 +279,13 @@ def call_with_timeout(fn: Callable[[], T], timeout: float) -> T:
         msg = f"the LLM did not answer within {timeout:g} s"
         raise TimeoutError(msg)
     if "error" in box:
-        raise box["error"]
+        error = box["error"]
+        if isinstance(error, Exception):
+            raise error
+        # Raised in the call's own thread, a cancellation or an exit is that call's
+        # failure, not a signal to the worker: raised as such, it killed the worker.
+        msg = f"the LLM call raised {type(error).__name__}: {error}"
+        raise RuntimeError(msg) from error
     return box["value"]
 
 
