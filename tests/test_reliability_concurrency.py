@@ -70,12 +70,11 @@ def _unanswered(messages: list[BaseMessage]) -> list[str]:
     return broken
 
 
-def test_writer_processes_keep_tool_calls_next_to_their_results(
-    backup: MySQLBackup, backend_url: str, table_name: str
-) -> None:
+def _run_together(commands: list[list[str]]) -> None:
+    """Run ``python -c`` children that print ``ready``, then all go at once; all must succeed."""
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, backend_url, table_name, str(process)],
+            [sys.executable, "-c", *command],
             cwd=REPO,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
             stdin=subprocess.PIPE,
@@ -83,10 +82,10 @@ def test_writer_processes_keep_tool_calls_next_to_their_results(
             stderr=subprocess.PIPE,
             text=True,
         )
-        for process in range(PROCESSES)
+        for command in commands
     ]
     try:
-        for child in children:  # every writer connected before any writes
+        for child in children:  # every child ready before any goes
             assert child.stdout is not None
             line = child.stdout.readline()
             assert line == "ready\n", child.communicate(timeout=60)[1]
@@ -94,14 +93,19 @@ def test_writer_processes_keep_tool_calls_next_to_their_results(
             assert child.stdin is not None
             child.stdin.write("go\n")
             child.stdin.flush()
-        for child in children:
-            _, err = child.communicate(timeout=240)
-            assert child.returncode == 0, err
+        errors = [child.communicate(timeout=240)[1] for child in children]
+        assert [child.returncode for child in children] == [0] * len(children), errors
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_writer_processes_keep_tool_calls_next_to_their_results(
+    backup: MySQLBackup, backend_url: str, table_name: str
+) -> None:
+    _run_together([[_CHILD, backend_url, table_name, str(n)] for n in range(PROCESSES)])
 
     messages = backup.get_messages(SESSION)
     calls = [c["id"] for m in messages for c in getattr(m, "tool_calls", None) or ()]
@@ -130,6 +134,42 @@ def test_the_check_sees_a_separated_tool_call(
     messages: list[BaseMessage], broken: list[str]
 ) -> None:
     assert _unanswered(messages) == broken
+
+
+def _starter(url: str, table: str) -> None:
+    """Child process: wait for ``go`` on stdin, then open an archive and a store."""
+    from langchain_tiered_memory import TieredStore
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    assert sys.stdin.readline().strip() == "go"
+    backup = MySQLBackup(url, table_name=table)
+    TieredStore(backup).put(("ns",), f"pid-{os.getpid()}", {"started": True})
+    backup.dispose()
+
+
+_STARTER = (
+    "import sys; from tests.test_reliability_concurrency import _starter; "
+    "_starter(sys.argv[1], sys.argv[2])"
+)
+
+
+def test_processes_starting_at_once_on_a_fresh_database_all_start(
+    backend_url: str, table_name: str
+) -> None:
+    """Six workers of a deployment start together: on MySQL all but one failed with
+    "Table ... already exists" (each checked for the tables, then created them)."""
+    _run_together([[_STARTER, backend_url, table_name]] * 6)
+    from langchain_tiered_memory import TieredStore
+
+    backup = MySQLBackup(backend_url, table_name=table_name)
+    store = TieredStore(backup)
+    try:
+        assert len(store.search(("ns",), limit=10)) == 6
+    finally:
+        store.metadata.drop_all(backup.engine)
+        backup.metadata.drop_all(backup.engine)
+        backup.dispose()
 
 
 def test_creating_tables_beside_a_busy_writer_waits_instead_of_failing(tmp_path: Path) -> None:

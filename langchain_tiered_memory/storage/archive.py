@@ -24,7 +24,8 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -93,6 +94,8 @@ ForgetHook = Callable[[Sequence[str], "str | None", "str | None"], None]
 EraserFactory = Callable[[dict[str, Any]], ForgetHook]
 #: Entry-point group of tier erasers: ``<kind> = "module:factory"`` (an EraserFactory).
 ERASER_GROUP = "langchain_tiered_memory.erasers"
+#: Longest wait for another process creating the tables (MySQL's ``GET_LOCK``).
+SCHEMA_LOCK_SECONDS = 60
 #: Erasers registered by the tier modules on import: the fallback of the entry points.
 _ERASERS: dict[str, EraserFactory] = {}
 
@@ -438,8 +441,9 @@ class MySQLBackup(Lifecycle):
 
         Tables made by an earlier version get the nullable columns added since.
         """
-        self.create_all(self.metadata)
-        self.run(self._lock_rows_plan(), write=True)
+        with self._schema_lock():
+            self._create(self.metadata)
+            self.run(self._lock_rows_plan(), write=True)
 
     def create_all(self, metadata: MetaData) -> None:
         """Create the tables of ``metadata`` in the archive's database if missing (idempotent).
@@ -447,6 +451,10 @@ class MySQLBackup(Lifecycle):
         For stores that live beside the archive (``TieredStore``); tables made by an
         earlier version get the nullable columns added since.
         """
+        with self._schema_lock():
+            self._create(metadata)
+
+    def _create(self, metadata: MetaData) -> None:
         # Checking for a table reads, then creating it writes: on SQLite that must
         # hold the write lock from the start, as every read-then-write plan does.
         engine = self.engine
@@ -454,6 +462,39 @@ class MySQLBackup(Lifecycle):
             engine = engine.execution_options(**self._options(write=True, read_only=False))
         self._guard(lambda: metadata.create_all(engine, checkfirst=True))
         self._guard(lambda: ensure_columns(engine, metadata.sorted_tables))
+
+    @contextmanager
+    def _schema_lock(self) -> Iterator[None]:
+        """Hold the database's schema lock: processes starting at once create tables in turn.
+
+        ``create_all`` checks for a table, then creates it: on MySQL a table another
+        process created in between failed the start with "already exists". A named
+        server lock (``GET_LOCK``) orders them; SQLite's write lock already does.
+        """
+        if self.dialect == "sqlite":
+            yield
+            return
+        digest = hashlib.sha256((self.url.database or "").encode()).hexdigest()[:16]
+        name = f"langchain_tiered_memory.schema.{digest}"  # at most 64 characters
+        with self._guard(self.engine.connect) as connection:
+            got = self._guard(
+                lambda: connection.execute(
+                    text("SELECT GET_LOCK(:name, :seconds)"),
+                    {"name": name, "seconds": SCHEMA_LOCK_SECONDS},
+                ).scalar()
+            )
+            if got != 1:
+                msg = (
+                    f"archive {render_url(self.url)}: another process held the schema lock "
+                    f"for {SCHEMA_LOCK_SECONDS} s while creating tables"
+                )
+                raise ArchiveUnavailableError(msg)
+            try:
+                yield
+            finally:
+                self._guard(
+                    lambda: connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+                )
 
     def _lock_rows_plan(self) -> Plan[None]:
         locks = self.tables.locks
