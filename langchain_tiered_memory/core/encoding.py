@@ -9,9 +9,10 @@ from typing import Any
 def stand_in(value: Any) -> Any:
     """LangChain's own JSON for a value JSON cannot hold (``dumpd``).
 
-    A ``Serializable`` (a ``Document``) becomes its constructor form; anything else
-    (a date, a DataFrame) ``{"lc": 1, "type": "not_implemented", "repr": ...}``, as
-    LangChain's tracers record it.
+    A date or a DataFrame becomes ``{"lc": 1, "type": "not_implemented", "repr": ...}``,
+    as LangChain's tracers record it. (A pydantic model in a message, a ``Document``
+    artifact, never gets here: ``message_to_dict`` has made it a dict of its fields,
+    which is what is archived and read back, as LangChain's own histories do.)
     """
     from langchain_core.load import dumpd
 
