@@ -21,12 +21,14 @@ from langchain_tiered_memory import (
     MySQLBackup,
     TieredStore,
 )
+from langchain_tiered_memory.core.validation import MAX_NESTING
 from langchain_tiered_memory.integrations.store import (
     InvalidFilterError,
     InvalidKeyError,
     ValueTooLargeError,
 )
 from langchain_tiered_memory.storage import archive
+from langchain_tiered_memory.storage.store import matches_filter
 from langchain_tiered_memory.text.embeddings import model_name
 
 from .conftest import MYSQL_URL, require_mysql
@@ -623,6 +625,117 @@ def test_filters_with_operators_langgraph_lacks_are_refused(
 ) -> None:
     with pytest.raises(InvalidFilterError):
         store.search(("n",), filter=filter_)
+
+
+def nested(depth: int, inner: Any = 1, *, lists: bool = False) -> Any:
+    """``inner`` inside ``depth`` levels of ``{"a": ...}`` (or of one-item lists)."""
+    for _ in range(depth):
+        inner = [inner] if lists else {"a": inner}
+    return inner
+
+
+@pytest.mark.parametrize(
+    "filter_",
+    [
+        {"a": nested(5000)},
+        {"a": nested(5000, lists=True)},
+        {"a": nested(MAX_NESTING)},  # with its field: one level more than a value holds
+        {"a": {"$eq": nested(MAX_NESTING)}},
+        {"a": nested(MAX_NESTING - 1, {"$ne": [1]})},
+        {"a": [nested(3000, lists=True), nested(3000)]},
+    ],
+    ids=["dicts", "lists", "dicts-past-the-limit", "eq-operand", "ne-at-the-limit", "mixed"],
+)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_filter_deeper_than_any_value_is_refused_by_name(
+    store: TieredStore, filter_: dict[str, Any], mode: str
+) -> None:
+    store.put(("d",), "k", {"a": 1})
+
+    with pytest.raises(InvalidFilterError, match=f"deeper than {MAX_NESTING} levels"):
+        if mode == "sync":
+            store.search(("d",), filter=filter_)
+        else:
+            await store.asearch(("d",), filter=filter_)
+
+    assert store.get(("d",), "k").value == {"a": 1}  # type: ignore[union-attr]
+
+
+def test_a_value_as_deep_as_allowed_is_found_by_a_filter_as_deep(store: TieredStore) -> None:
+    deepest = nested(MAX_NESTING - 1)  # {"a": deepest} nests MAX_NESTING levels
+    reference = InMemoryStore()
+    for target in (reference, store):
+        target.put(("d",), "deep", {"a": deepest})
+        target.put(("d",), "other", {"a": nested(MAX_NESTING - 1, 2)})
+    for filter_ in (
+        {"a": deepest},
+        {"a": nested(MAX_NESTING - 2, {"a": {"$eq": 1}})},
+        {"a": nested(MAX_NESTING - 2, {"$eq": {"a": 1}})},
+        {"a": nested(MAX_NESTING - 2, {"$ne": {"a": 1}})},
+    ):
+        expected = keys(reference.search(("d",), filter=filter_))
+        assert keys(store.search(("d",), filter=filter_)) == expected
+        assert len(expected) == 1
+
+
+def test_matching_a_filter_deeper_than_any_value_raises_by_name() -> None:
+    # The in-process match, reached without validate_filter (on a value never stored).
+    value = nested(5000)
+    with pytest.raises(InvalidFilterError, match=f"deeper than {MAX_NESTING} levels"):
+        matches_filter(value, value)
+
+
+class CountingEmbeddings(HashEmbeddings):
+    """HashEmbeddings that count the texts they embed."""
+
+    def __init__(self) -> None:
+        self.embedded = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.embedded += len(texts)
+        return super().embed_documents(texts)
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embed_documents(texts)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_an_item_too_large_with_its_vectors_is_refused_before_embedding(
+    backup: MySQLBackup, mode: str
+) -> None:
+    embeddings = CountingEmbeddings()
+    index: Any = {"embed": embeddings, "dims": HashEmbeddings.dims, "fields": ["text"]}
+    store = TieredStore(backup, index=index)
+    unsized = TieredStore(backup, index={"embed": HashEmbeddings(), "fields": ["text"]})
+    # 3,500 distinct short texts: a small value, about 9.5 MB of 256-dim vectors.
+    big = {"items": [{"text": f"tea {i}"} for i in range(3500)]}
+    ops = [
+        PutOp(("docs",), "small", {"text": "oolong"}),
+        PutOp(("docs",), "many", big, index=["items[*].text"]),
+    ]
+    try:
+        with pytest.raises(ValueTooLargeError, match="'many'") as refused:
+            if mode == "sync":
+                store.batch(ops)
+            else:
+                await store.abatch(ops)
+        # Without dims, the same rule after embedding: the same size, to the byte.
+        with pytest.raises(ValueTooLargeError, match="'many'") as late:
+            unsized.batch(ops)
+
+        assert embeddings.embedded == 0
+        assert refused.value.size == late.value.size > refused.value.limit
+        assert store.get(("docs",), "small") is None
+        assert store.get(("docs",), "many") is None
+    finally:
+        await store.backup.adispose()
+        store.metadata.drop_all(backup.engine)
+
+
+def test_dims_must_be_a_positive_int(backup: MySQLBackup) -> None:
+    for dims, error in ((0, ValueError), ("256", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="dims"):
+            TieredStore(backup, index={"embed": HashEmbeddings(), "dims": dims})  # type: ignore[typeddict-item]
 
 
 def test_keys_may_hold_line_breaks_and_tabs(store: TieredStore) -> None:

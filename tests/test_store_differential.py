@@ -37,6 +37,7 @@ from langgraph.store.memory import InMemoryStore
 from sqlalchemy import delete
 
 from langchain_tiered_memory import MySQLBackup, TieredStore
+from langchain_tiered_memory.integrations.store import InvalidFilterError
 
 LABELS = ["a", "b", "用户", "x y", "a_%"]
 KEYS = ["k1", "k2", "k 2", "键", "K1"]
@@ -242,3 +243,82 @@ def test_the_sequences_exercise_every_kind_of_result(variant: str) -> None:
                     found["namespaces"] += 1
     assert min(v for k, v in found.items() if k != "scored") > 20, found
     assert (found["scored"] > 20) == (variant == "embedded"), found
+
+
+#: Values with fields named like operators (JSON Schema's "$schema", "$id"...).
+DOLLAR_VALUES = {
+    "s1": {
+        "$schema": "draft-07",
+        "$id": "a",
+        "$eq": 1,
+        "title": "A",
+        "n": 1,
+        "meta": {"$ref": "#/a", "x": 2},
+        "tags": ["x", {"$k": 1}],
+    },
+    "s2": {"$schema": "2020-12", "$gt": 3, "title": "B", "n": 5, "meta": {"x": 3}, "tags": ["y"]},
+    "s3": {"$schema": None, "title": "C", "n": 2, "meta": {"x": {"y": 1}}, "tags": []},
+}
+#: Filters both stores answer: a filter's own keys are field names, whatever they are.
+DOLLAR_FILTERS: list[dict[str, Any]] = [
+    {"$schema": "draft-07"},
+    {"$schema": "2020-12", "title": "B"},
+    {"$id": "a"},
+    {"$eq": 1},
+    {"$eq": 1, "title": "A"},
+    {"$eq": 1, "title": "B"},
+    {"$gt": 3},
+    {"$gt": {"$eq": 3}},
+    {"$eq": {"$ne": 1}},
+    {"$schema": {"$ne": "draft-07"}},
+    {"$schema": None},
+    {"$missing": None},
+    {"$schema": "draft-07", "n": {"$lt": 2}},
+    {"meta": {"x": 2}},
+    {"meta": {"x": {"y": 1}}},
+    {"meta": {"x": {"$ne": 2}}},
+    {"meta": {"$eq": {"$ref": "#/a", "x": 2}}},
+    {"tags": ["y"]},
+    {"tags": []},
+]
+#: Filters InMemoryStore fails on ("Unsupported operator") and PostgresStore refuses:
+#: below the top level a dict with a "$" key is one of operators, all LangGraph's.
+REFUSED_FILTERS: list[dict[str, Any]] = [
+    {"meta": {"$ref": "#/a"}},
+    {"title": {"x": 1, "$eq": "A"}},
+    {"$schema": {"$regex": "d"}},
+    {"meta": {"x": {"$in": [2]}}},
+    {"tags": ["x", {"$k": 1}]},
+]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_fields_named_like_operators_filter_as_in_memory_store(
+    backup: MySQLBackup, mode: str
+) -> None:
+    store, reference = TieredStore(backup), InMemoryStore()
+    try:
+        for target in (store, reference):
+            for key, value in DOLLAR_VALUES.items():
+                target.put(("docs",), key, value)
+
+        async def search(filter_: dict[str, Any]) -> list[str]:
+            if mode == "sync":
+                return [hit.key for hit in store.search(("docs",), filter=filter_)]
+            return [hit.key for hit in await store.asearch(("docs",), filter=filter_)]
+
+        answered = set()
+        for filter_ in DOLLAR_FILTERS:
+            expected = [hit.key for hit in reference.search(("docs",), filter=filter_)]
+            assert await search(filter_) == expected, filter_
+            answered.update(expected)
+        assert answered == set(DOLLAR_VALUES)  # every item is found by some filter
+        for filter_ in REFUSED_FILTERS:
+            with pytest.raises(ValueError, match="Unsupported operator"):
+                reference.search(("docs",), filter=filter_)
+            with pytest.raises(InvalidFilterError, match="unsupported filter operator"):
+                await search(filter_)
+        assert len(store.search(("docs",))) == len(DOLLAR_VALUES)  # nothing lost
+    finally:
+        await store.backup.adispose()
+        store.metadata.drop_all(backup.engine)

@@ -55,15 +55,19 @@ class TieredStore(Lifecycle, BaseStore):
     archive's pooled connections at the end (:meth:`shutdown`). An item (its value, and
     the tokens and vectors of its indexed texts) takes at most about 8 MB; a larger one
     is refused with :class:`~langchain_tiered_memory.storage.store.ValueTooLargeError`
-    before anything of its batch is embedded or written.
+    before anything of its batch is written, and before anything of it is embedded
+    when ``index`` gives ``dims``.
 
     Args:
         backup: The archive to live beside: a :class:`~langchain_tiered_memory.MySQLBackup`,
             a SQLAlchemy URL or ``Engine``; ``None``: the embedded default (a SQLite
             file under ``$TIERED_MEMORY_HOME``).
         index: LangGraph's index config: ``{"embed": Embeddings | callable | "provider:model",
-            "fields": ["text", ...]}`` (``dims`` is accepted and unused). Without it,
-            ``query=`` is ranked by BM25 alone over the whole value.
+            "fields": ["text", ...], "dims": 1536}``. ``dims``, the size of the model's
+            vectors, lets an item too large with its vectors be refused before its
+            batch is embedded (without it, after embedding, before anything is
+            written). Without ``index``, ``query=`` is ranked by BM25 alone over the
+            whole value.
         ttl: LangGraph's TTL config: ``default_ttl`` (minutes) for puts that give none,
             ``refresh_on_read`` (default ``True``).
         dense_weight: Weight of vector similarity against BM25 when ``index`` embeds,
@@ -100,9 +104,11 @@ class TieredStore(Lifecycle, BaseStore):
         self.index_config = dict(index) if index else None
         self.embeddings: Embeddings | None = None
         fields: Sequence[str] = ("$",)
+        dims = None
         if index:
             self.embeddings = ensure_embeddings(index.get("embed"))
             fields = list(index.get("fields") or ["$"])
+            dims = index.get("dims")
         self.ttl_config = ttl
         validate_ttl((ttl or {}).get("default_ttl"))
         weight = check_number("dense_weight", dense_weight, 0.0, 1.0)
@@ -114,6 +120,7 @@ class TieredStore(Lifecycle, BaseStore):
             backup.dialect,
             fields=fields,
             model=None if self.embeddings is None else model_name(self.embeddings),
+            dims=dims,
             dense_weight=weight,
         )
         self.backup.create_all(self.metadata)

@@ -109,7 +109,7 @@ class InvalidKeyError(ValueError):
 
 
 class InvalidFilterError(ValueError):
-    """A search filter uses an operator LangGraph's filters do not have."""
+    """A search filter LangGraph's filters cannot evaluate: an operator they lack, or too deep."""
 
 
 class ValueTooLargeError(ValueError):
@@ -268,31 +268,52 @@ def validate_key(key: Any) -> str:
 
 
 def validate_filter(filter_: Any) -> dict[str, Any] | None:
-    """Return ``filter_`` if LangGraph's filter semantics can evaluate it, else raise."""
+    """Return ``filter_`` if LangGraph's filter semantics can evaluate it, else raise.
+
+    A filter is read as LangGraph's stores read it. Its own keys are field names,
+    whatever they look like (``{"$schema": "draft-07"}`` matches that field). A
+    field's condition that is a dict with a key starting with ``$`` is a dict of
+    operators, each one of :data:`OPERATORS` (PostgresStore refuses another key
+    beside them, InMemoryStore fails on it), whose operands are values; a dict
+    without one is matched field by field, and a list item by item, each item a
+    condition again.
+
+    Raises:
+        InvalidFilterError: If ``filter_`` is not a dict, uses another operator, or
+            describes a value nesting deeper than :data:`MAX_NESTING` levels (no
+            stored value does, and a walk that deep would exhaust Python's stack).
+    """
     if filter_ is None:
         return None
     if not isinstance(filter_, Mapping):
         raise InvalidFilterError(f"a filter must be a dict, got {type(filter_).__name__}")
-
-    def check(value: Any) -> None:
-        if isinstance(value, list | tuple):  # compared item by item, as filters
-            for inner in value:
-                check(inner)
-        if not isinstance(value, Mapping):
-            return
-        if not any(_is_operator(name) for name in value):
-            for inner in value.values():
-                check(inner)
-            return
-        # A dict of operators: each is applied; their operands are values, not
-        # filters ({"$eq": {"$ref": ...}} compares a JSON Schema reference).
-        for name in value:
-            if name not in OPERATORS:
-                msg = f"unsupported filter operator {name!r}; use one of {sorted(OPERATORS)}"
-                raise InvalidFilterError(msg)
-
-    check(filter_)
+    # Each condition with the depth of the dict or list holding the field it matches
+    # (the filter's own keys name fields of the value, at depth 1); walked without
+    # recursion, so that a filter of any depth gets a typed error.
+    stack: list[tuple[Any, int]] = [(condition, 1) for condition in filter_.values()]
+    while stack:
+        condition, level = stack.pop()
+        if isinstance(condition, Mapping) and any(_is_operator(name) for name in condition):
+            for name, operand in condition.items():
+                if name not in OPERATORS:
+                    msg = f"unsupported filter operator {name!r}; use one of {sorted(OPERATORS)}"
+                    raise InvalidFilterError(msg)
+                # An operand is a value, compared at the field's place ({"$eq": {"$ref":
+                # ...}} compares a JSON Schema reference).
+                if level + nesting_depth(operand, MAX_NESTING - level) > MAX_NESTING:
+                    raise _too_deep()
+        elif isinstance(condition, Mapping | list | tuple):
+            if level + 1 > MAX_NESTING:
+                raise _too_deep()
+            inner = condition.values() if isinstance(condition, Mapping) else condition
+            stack.extend((item, level + 1) for item in inner)
     return dict(filter_)
+
+
+def _too_deep() -> InvalidFilterError:
+    return InvalidFilterError(
+        f"a filter nests deeper than {MAX_NESTING} levels, deeper than any stored value"
+    )
 
 
 def _count(name: str, value: Any, minimum: int) -> int:
@@ -318,8 +339,14 @@ def validate_ttl(ttl: Any) -> float | None:
 
 
 def matches_filter(value: Mapping[str, Any], filter_: Mapping[str, Any] | None) -> bool:
-    """Whether a stored value passes a LangGraph search filter (JSONB-like semantics)."""
-    return not filter_ or all(_compare(value.get(k), f) for k, f in filter_.items())
+    """Whether a stored value passes a LangGraph search filter (JSONB-like semantics).
+
+    ``filter_`` is one :func:`validate_filter` accepts: its keys are field names.
+
+    Raises:
+        InvalidFilterError: If the walk goes deeper than :data:`MAX_NESTING` levels.
+    """
+    return not filter_ or all(_compare(value.get(k), f, 1) for k, f in filter_.items())
 
 
 def _is_operator(name: Any) -> bool:
@@ -327,18 +354,21 @@ def _is_operator(name: Any) -> bool:
     return isinstance(name, str) and name.startswith("$")
 
 
-def _compare(value: Any, wanted: Any) -> bool:
+def _compare(value: Any, wanted: Any, level: int) -> bool:
+    """Whether ``value`` meets ``wanted``, a condition on a field at depth ``level``."""
+    if isinstance(wanted, Mapping) and any(_is_operator(k) for k in wanted):
+        return all(_apply(value, op, operand) for op, operand in wanted.items())
+    if isinstance(wanted, Mapping | list | tuple) and level + 1 > MAX_NESTING:
+        raise _too_deep()  # validate_filter refuses it first; a stored value is never this deep
     if isinstance(wanted, Mapping):
-        if any(_is_operator(k) for k in wanted):
-            return all(_apply(value, op, operand) for op, operand in wanted.items())
         if not isinstance(value, Mapping):
             return False
-        return all(_compare(value.get(k), v) for k, v in wanted.items())
+        return all(_compare(value.get(k), v, level + 1) for k, v in wanted.items())
     if isinstance(wanted, list | tuple):
         return (
             isinstance(value, list | tuple)
             and len(value) == len(wanted)
-            and all(_compare(v, w) for v, w in zip(value, wanted, strict=True))
+            and all(_compare(v, w, level + 1) for v, w in zip(value, wanted, strict=True))
         )
     return bool(value == wanted)
 
@@ -402,6 +432,19 @@ def _encode_vector(vector: Sequence[float]) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f8").tobytes()).decode("ascii")
 
 
+def _encode_vectors(vectors: Iterable[Sequence[float]]) -> str:
+    """The stored form of an item's vectors: a JSON list of them, each in base64."""
+    return json.dumps([_encode_vector(vector) for vector in vectors])
+
+
+def _vectors_bytes(count: int, dims: int) -> int:
+    """The length of :func:`_encode_vectors` of ``count`` vectors of ``dims`` floats."""
+    if not count:
+        return 0
+    quoted = 4 * math.ceil(8 * dims / 3) + 2  # base64 of 8-byte floats, in quotes
+    return 2 + count * quoted + 2 * (count - 1)  # "[", "]" and ", " between them
+
+
 def _decode_vector(text: str) -> Any:
     import numpy as np
 
@@ -423,26 +466,39 @@ def _chunks(rows: Sequence[T], sizes: Sequence[int] | None = None) -> Iterator[S
         yield rows[start:]
 
 
-def _encode(op: PutOp, texts: list[tuple[str, str]] | None) -> tuple[str, str | None] | None:
-    """A put's stored value and BM25 tokens (``None``: a delete), refused if too large."""
+def _encode(
+    op: PutOp, texts: list[tuple[str, str]] | None, dims: int | None
+) -> tuple[str, str | None] | None:
+    """A put's stored value and BM25 tokens (``None``: a delete), refused if too large.
+
+    Given ``dims``, the size of the vectors its texts will have counts too, so that
+    a row too large is refused before anything is embedded.
+    """
     if op.value is None:
         return None
     value = exact_json(dict(op.value))
     tokens = None
     if texts is not None:
         tokens = " ".join(token for _, text in texts for token in tokenize(text))
-    _check_size(op, value, tokens)
+    _check_size(op, value, tokens, _vectors_bytes(len(texts or ()), dims) if dims else 0)
     return value, tokens
 
 
-def _check_size(op: PutOp, *texts: str | None) -> int:
-    """The bytes of the row of ``op`` holding ``texts``, escaping aside; raise if too many.
+def _check_size(op: PutOp, value: str, tokens: str | None, vectors: int) -> int:
+    """The bytes of the row of ``op``, escaping aside; raise if too many.
 
     Refused up front: a statement over ``max_allowed_packet`` makes MySQL drop the
     connection, which looks like an outage instead of a bad value.
+
+    Args:
+        op: The put.
+        value: Its stored value.
+        tokens: Its BM25 tokens, if indexed.
+        vectors: The length of its stored vectors (ASCII), if any.
     """
+    texts = (value, tokens)
     size = ROW_BYTES + sum(len(text.encode("utf-8", "surrogatepass")) for text in texts if text)
-    size += len(op.key.encode("utf-8"))
+    size += len(op.key.encode("utf-8")) + vectors
     if size > STATEMENT_BYTES:
         raise ValueTooLargeError(tuple(op.namespace), op.key, size, STATEMENT_BYTES)
     return size
@@ -546,6 +602,8 @@ class StorePlanner:
             ``["$"]``: the whole value).
         model: The name of the embedding model (``model_name``) when puts are
             embedded (an ``index`` with ``embed`` was given), else ``None``.
+        dims: The size of the model's vectors, if known: an item whose row would be
+            too large with them is then refused before anything is embedded.
         dense_weight: Weight of vector similarity against BM25 in a query's ranking,
             in [0, 1]; 1 ranks by cosine similarity alone, as ``InMemoryStore`` does.
     """
@@ -557,12 +615,14 @@ class StorePlanner:
         *,
         fields: Sequence[str] = ("$",),
         model: str | None = None,
+        dims: int | None = None,
         dense_weight: float = 0.6,
     ) -> None:
         self.tables = tables
         self.dialect = dialect
         self.fields = [(path, tokenize_path(path) if path != "$" else path) for path in fields]
         self.model = model
+        self.dims = None if dims is None else _count("dims", dims, 1)
         self._other_models = OtherModelWarning("put them again")
         self.dense_weight = dense_weight
 
@@ -579,8 +639,9 @@ class StorePlanner:
         Raises:
             InvalidNamespaceError, InvalidKeyError, InvalidFilterError: On bad input;
                 nothing of the batch has run.
-            ValueTooLargeError: If a put's value and indexed tokens pass
-                :data:`STATEMENT_BYTES` (before anything is embedded or run).
+            ValueTooLargeError: If a put's value, indexed tokens and (given ``dims``)
+                vectors pass :data:`STATEMENT_BYTES` (before anything is embedded or
+                run).
             TypeError, ValueError: On a bad limit, offset, TTL or op.
         """
         batch = PreparedBatch(ops=list(ops))
@@ -624,7 +685,8 @@ class StorePlanner:
         batch.puts = list(puts.values())
         batch.texts = [self._texts(op) for op in batch.puts]
         encoded = zip(batch.puts, batch.texts, strict=True)
-        batch.encoded = [_encode(op, texts) for op, texts in encoded]
+        dims = self.dims if self.embeds else None
+        batch.encoded = [_encode(op, texts, dims) for op, texts in encoded]
         if self.embeds:
             distinct = {text: None for texts in batch.texts for _, text in texts or ()}
             batch.to_embed = list(distinct)
@@ -937,8 +999,9 @@ class StorePlanner:
             ttl = op.ttl  # BaseStore.put has applied the TTL config's default
             encoded = None
             if texts and self.embeds:
-                encoded = json.dumps([_encode_vector(vectors[text]) for _, text in texts])
-            sizes.append(_check_size(op, value, tokens, encoded))
+                encoded = _encode_vectors(vectors[text] for _, text in texts)
+            # Again with the vectors as embedded: the model may not give ``dims`` floats.
+            sizes.append(_check_size(op, value, tokens, len(encoded or "")))
             values.append(
                 {
                     "hash": _hash(list(op.namespace), op.key),
