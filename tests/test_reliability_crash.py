@@ -90,6 +90,8 @@ def _check_stores(
     grouped = by_session(archive_rows(backup))
     assert set(grouped) <= {crash_session(i)[0] for i in range(SESSIONS)}
     start: dict[str, list[int]] = {}
+    listed: dict[str, int] = {}
+    reopened = SessionFileArchive(files.root)  # the writer is dead: put its leftovers right
     for i in range(SESSIONS):
         session_id, user_id = crash_session(i)
         rows = grouped.get(session_id, [])
@@ -101,14 +103,18 @@ def _check_stores(
             assert acked[i] < n <= acked[i] + 2, (
                 f"{where} of session {i} holds {n} turns, {acked[i] + 1} acknowledged (seed {seed})"
             )
-        data_path, meta_path = files.paths(session_id)
+        listed[session_id] = 2 * in_files
+        data_path, meta_path = reopened.paths(session_id)
         if data_path.exists():
-            json.loads(data_path.read_text(encoding="utf-8"))  # whole
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            # The meta file is renamed first: a kill between the two renames leaves it
-            # one batch ahead until the session's next write.
-            assert meta["message_count"] - 2 * in_files in (0, 2), (meta, in_files, seed)
+            data = json.loads(data_path.read_text(encoding="utf-8"))  # whole
+            assert len(data.pop("messages")) == data["message_count"] == 2 * in_files
+            # Reopened, the meta file is the session file's fields (a kill between
+            # the two renames left it a batch behind, never ahead).
+            assert json.loads(meta_path.read_text(encoding="utf-8")) == data, seed
         start[str(i)] = [in_archive, in_files]
+    assert {i.session_id: i.message_count for i in files.sessions()} == {
+        session_id: count for session_id, count in listed.items() if count
+    }, seed
     return start
 
 
