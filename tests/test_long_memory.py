@@ -226,6 +226,17 @@ def test_minilm_gives_384_dim_unit_vectors(minilm: MiniLMEmbeddings) -> None:
     assert minilm.languages == frozenset({"en"})
 
 
+def test_minilm_embeds_a_lone_surrogate_as_the_replacement_character(
+    minilm: MiniLMEmbeddings,
+) -> None:
+    # Its tokenizer refuses one (an unexplained TypeError): read as U+FFFD instead,
+    # as every stored memory has it, called directly or by any tier.
+    assert minilm.embed_query("bike \ud800") == minilm.embed_query("bike \ufffd")
+    assert minilm.embed_documents(["a \udfff b", "ok \ud83d"]) == minilm.embed_documents(
+        ["a \ufffd b", "ok \ufffd"]
+    )
+
+
 def test_minilm_search_end_to_end(
     make_memory: MakeMemory, backup: MySQLBackup, minilm: Any
 ) -> None:
@@ -560,6 +571,57 @@ def test_the_scope_filter_is_mandatory(filled: ChromaLongMemory) -> None:
 def test_query_must_be_text(filled: ChromaLongMemory) -> None:
     with pytest.raises(TypeError, match="query must be a str"):
         filled.search(42, session_id="a1")  # type: ignore[arg-type]
+
+
+class TokenizerLikeEmbeddings(HashEmbeddings):
+    """Refuses a lone surrogate as a Hugging Face tokenizer does (MiniLM's did)."""
+
+    def _vector(self, text: str) -> list[float]:
+        if re.search("[\ud800-\udfff]", text):
+            msg = "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, ...]]"
+            raise TypeError(msg)
+        return super()._vector(text)
+
+
+async def test_a_query_with_a_lone_surrogate_finds_memories_on_every_path(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """A lone surrogate (half an emoji, a broken paste) is read as U+FFFD, as stored texts are."""
+    memory = make_memory(embedding=TokenizerLikeEmbeddings())
+    say(history(backup, memory, "s", "u"), "My bike is red.", "Noted.")
+    memory.run_pending()
+    query = "what colour is my bike \ud83d"
+    expected = ["User: My bike is red.\nAI: Noted."]
+    for found in [
+        memory.search(query, session_id="s"),
+        await memory.asearch(query, user_id="u", scope="user"),
+        memory.as_retriever(session_id="s").invoke(query),
+        await memory.as_retriever(user_id="u", scope="user").ainvoke(query),
+        history(backup, memory, "s", "u").search_memories(query),
+    ]:
+        assert [doc.page_content for doc in found] == expected
+    found = memory.search("bike \udc00 red", session_id="s", since="2000-01-01")
+    assert [doc.page_content for doc in found] == expected
+
+
+def test_a_turn_with_a_lone_surrogate_reaches_the_extractor(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """Its nearest memories are looked up (a search) before the extractor is asked."""
+    extractor = FakeExtractor()
+    memory = make_memory(
+        embedding=TokenizerLikeEmbeddings(), extractor=extractor, retry_base_delay=0.0
+    )
+    chat = history(backup, memory, "s", "u")
+    say(chat, "My bike is red.", "Noted.")
+    memory.run_pending()
+    said = "My bike is blue now \ud83d."
+    say(chat, said, "Noted.")
+    memory.run_pending()
+    assert extractor.recorder.calls == 2  # once per turn: no failed attempt
+    assert [row.kind for row in catalog(backup, "s")] == ["extracted", "extracted"]
+    assert catalog(backup, "s")[-1].text == "Summary: My bike is blue now \ufffd."
+    assert said in [m.content for m in chat.messages]  # the archive keeps it exactly
 
 
 def test_as_retriever_invoke_and_k(filled: ChromaLongMemory) -> None:

@@ -214,6 +214,32 @@ def test_a_query_naming_one_value_finds_that_memory_first(
     assert "1235" in texts(memory, "Which invoice is paid?", "inv", k=1)[0]
 
 
+@pytest.mark.parametrize("imported", ["in order", "the older session last"])
+def test_the_newer_value_ranks_first_by_when_it_was_said_not_when_it_was_imported(
+    make_memory: MakeMemory, backup: MySQLBackup, imported: str
+) -> None:
+    """Among near-duplicates, newest first means by turn date, as superseding orders them."""
+    memory = make_memory()
+    sessions = [
+        ("june", "My favourite colour is green now.", "2023-06-09"),
+        ("may", "My favourite colour is blue now.", "2023-05-08"),
+    ]
+    for session_id, text, day in sessions if imported != "in order" else sessions[::-1]:
+        TieredChatMessageHistory(
+            session_id, user_id="u", backup=backup, long_memory=memory
+        ).add_messages(
+            [HumanMessage(text, additional_kwargs={"session_date": day}), AIMessage("Noted.")]
+        )
+    memory.run_pending()
+    found = memory.search("what is my favourite colour", user_id="u", scope="user", k=2)
+    assert [(d.metadata["turn_at"][:10], "green" in d.page_content) for d in found] == [
+        ("2023-06-09", True),
+        ("2023-05-08", False),
+    ]
+    [top] = memory.search("what is my favourite colour", user_id="u", scope="user", k=1)
+    assert "green" in top.page_content
+
+
 def test_identical_turns_still_dedupe(make_memory: MakeMemory, backup: MySQLBackup) -> None:
     memory = make_memory(embedding=SameVectorEmbeddings())
     chat = history(backup, memory, "same")

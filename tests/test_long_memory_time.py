@@ -30,7 +30,7 @@ from langchain_tiered_memory.core.validation import (
     time_bound,
 )
 from langchain_tiered_memory.storage.base import utcnow
-from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import EXACT_LIMIT, ChromaLongMemory, retrieval
 
 from .fakes import ScriptedChatModel, replies
 from .long_memory_support import catalog
@@ -269,6 +269,52 @@ async def test_asearch_and_the_retriever_take_the_same_window(meetings: ChromaLo
         "2023-05-25",
         "2023-06-09",
     ]
+
+
+OLD_TURNS = ["I sold my old bike", "I like tea", "Paris trip was great", "My dog barks"]
+
+
+@pytest.fixture
+def bikes(make_memory: MakeMemory, backup: MySQLBackup) -> ChromaLongMemory:
+    """One session: 800 new turns about bikes, then four old ones, one about a bike."""
+    memory = make_memory()
+    chat = history(backup, memory, "bikes")
+    chat.add_messages(
+        [m for n in range(800) for m in dated(f"My bike number {n} is fast.", "2024-03-01")]
+    )
+    for text in OLD_TURNS:
+        chat.add_messages(dated(text, "2020-02-01"))
+    memory.run_pending()
+    return memory
+
+
+@pytest.mark.parametrize("window_exact", ["scored exactly", "asked of the index"])
+async def test_a_window_of_a_large_scope_yields_k_memories_when_it_holds_k(
+    bikes: ChromaLongMemory, monkeypatch: pytest.MonkeyPatch, window_exact: str
+) -> None:
+    """Above ``exact_limit`` the vector index is asked: its nearest lie outside the window."""
+    if window_exact == "asked of the index":  # a window larger than WINDOW_EXACT, in effect
+        monkeypatch.setattr(retrieval, "WINDOW_EXACT", 0, raising=False)
+    scopes = [{"session_id": "bikes"}, {"user_id": "u1", "scope": "user"}]
+    old = "2020-12-31"
+    found: dict[int, list[list[str | None]]] = {}
+    for limit in (EXACT_LIMIT, 0):  # in process, then from the index
+        bikes.exact_limit = limit
+        found[limit] = []
+        for scope in scopes:
+            docs = bikes.search("bike", k=4, until=old, **scope)
+            assert days(docs) == ["2020-02-01"] * 4, (limit, scope)
+            assert "I sold my old bike" in docs[0].page_content
+            found[limit].append([doc.id for doc in docs])
+            assert [d.id for d in await bikes.asearch("bike", k=4, until=old, **scope)] == [
+                doc.id for doc in docs
+            ]
+            retriever = bikes.as_retriever(k=3, since="2019-01-01", until=old, **scope)
+            assert [d.id for d in retriever.invoke("bike")] == [doc.id for doc in docs[:3]]
+        newest = bikes.search("tea Paris dog", k=5, since="2024-01-01", **scopes[0])
+        assert days(newest) == ["2024-03-01"] * 5
+    # The same memories (orthogonal ones tie at 0: the index's float noise may swap them).
+    assert [set(ids) for ids in found[0]] == [set(ids) for ids in found[EXACT_LIMIT]]
 
 
 # -- the date in the prompt ------------------------------------------------------------

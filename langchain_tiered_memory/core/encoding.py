@@ -1,9 +1,23 @@
-"""JSON text that keeps every string exactly, lone surrogates included."""
+"""Text and JSON that UTF-8 can hold: strings kept exactly, or lone surrogates replaced."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD, so UTF-8 can encode it.
+
+    A lone surrogate (pasted from a broken clipboard, an emoji cut in half) cannot
+    be written to MySQL's utf8mb4, a file or Chroma, and tokenizers refuse it: what
+    is stored, embedded or searched passes through here first. Everything else is
+    kept as it is.
+    """
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def stand_in(value: Any) -> Any:

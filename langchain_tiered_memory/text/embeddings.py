@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from langchain_core.embeddings import Embeddings
 
+from langchain_tiered_memory.core.encoding import well_formed
 from langchain_tiered_memory.core.extras import import_extra
 
 #: Said when the default embedding's extra is missing: any other embedding works too.
@@ -258,17 +259,22 @@ class MiniLMEmbeddings(LazyEmbeddings):
             return st.SentenceTransformer(path, device=self.device)
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
+        # The tokenizer refuses a lone surrogate (an unexplained TypeError): it is
+        # replaced as in every stored memory (U+FFFD), so any text embeds.
         vectors = self._load().encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+            [well_formed(text) for text in texts],
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            show_progress_bar=False,
         )
         return vectors.tolist()
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        """Embed texts (unit-length vectors)."""
+        """Embed texts (unit-length vectors); a lone surrogate is read as U+FFFD."""
         return self._encode(list(texts)) if texts else []
 
     def embed_query(self, text: str) -> list[float]:
-        """Embed one query (unit-length vector)."""
+        """Embed one query (unit-length vector); a lone surrogate is read as U+FFFD."""
         return self._encode([text])[0]
 
 
@@ -341,8 +347,8 @@ class MultilingualE5Embeddings(LazyEmbeddings):
     @staticmethod
     def _clean(text: str) -> str:
         # The engine reads C strings: a NUL would cut the text, and a lone
-        # surrogate cannot be encoded as UTF-8.
-        return text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+        # surrogate cannot be encoded as UTF-8 (it becomes U+FFFD, as in MiniLM's).
+        return well_formed(text.replace("\x00", " "))
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed texts as passages (unit-length vectors)."""

@@ -43,6 +43,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory.core.encoding import well_formed
 from langchain_tiered_memory.core.finish import require_whole
 from langchain_tiered_memory.core.lifecycle import DRAIN_TIMEOUT
 from langchain_tiered_memory.core.prompts import EN, Prompts, prompts_for, prompts_in_use
@@ -86,8 +87,6 @@ logger = logging.getLogger(__name__)
 MESSAGE_CHARS = 2000  # per message in the prompt and HISTORY.md; the archive keeps all
 #: A longer MEMORY.md answer is garbage (it would not fit the next prompt): a failed attempt.
 MEMORY_MD_CHARS = 64_000
-# Lone surrogates cannot be written as UTF-8 (files, MySQL): they become U+FFFD.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _SECRETS = [
     (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE), r"\1***\2"),
     (
@@ -357,7 +356,7 @@ class MemoryConsolidator(QueueWorker):
             # message says: without it the line was empty.
             calls = [f"→ {call_text(call)}" for call in tool_calls_of(message)]
             raw = " ".join([raw, *calls]) if calls else raw
-            text = _SURROGATE.sub("\ufffd", " ".join(raw.split()))
+            text = well_formed(" ".join(raw.split()))
             if len(text) > MESSAGE_CHARS:
                 text = text[:MESSAGE_CHARS] + "…"
             lines.append(f"{labels.get(role_of(message), role_of(message))}: {text}")
@@ -447,7 +446,7 @@ class MemoryConsolidator(QueueWorker):
                     f"max_prompt_tokens ({self.max_prompt_tokens})"
                 )
                 raise ValueError(msg)
-            memory = redact(_SURROGATE.sub("\ufffd", text.strip())) + "\n"
+            memory = redact(well_formed(text.strip())) + "\n"
         first_id, last_id = rows[0].id, rows[-1].id
         # From stored data, not the clock: a retry after a crash writes the same text.
         stamp = rows[-1].created_at.strftime("%Y-%m-%d %H:%M")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, NamedTuple
 from langchain_core.messages import BaseMessage
 from sqlalchemy import delete, func, insert, select, update
 
+from langchain_tiered_memory.core.encoding import well_formed
 from langchain_tiered_memory.core.turns import turn_starts
 from langchain_tiered_memory.storage.archive import MySQLBackup, scope_conditions
 from langchain_tiered_memory.storage.base import Plan, utcnow
@@ -32,7 +32,6 @@ MEMORY_CHARS = 8000
 TURN_SCAN = 500  # messages looked at to find where a turn starts
 #: Lookups of the batch's ids and content hashes are sent this many at a time.
 LOOKUP_CHUNK = 400
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def digest(*parts: str) -> str:
@@ -48,7 +47,17 @@ def storable(text: str, limit: int = MEMORY_CHARS) -> str:
     """
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return _SURROGATE.sub("\ufffd", text)
+    return well_formed(text)
+
+
+def chronology(row: Any) -> tuple[datetime, int]:
+    """Where a catalog row stands in time: when its turn happened, then its seq.
+
+    Older and newer mean this wherever memories are compared: superseding and
+    the order of near-duplicates. A session imported late is as old as its turns;
+    turns of one session often share a date, and the catalog's order breaks the tie.
+    """
+    return row.turn_at, int(row.seq)
 
 
 def context_ids(row: Any) -> list[int] | None:
@@ -409,8 +418,8 @@ class Catalog:
             scope,
             (c.subject == family) | c.subject.startswith(family + OWNER_SEPARATOR, autoescape=True),
         )
-        rows = sorted(result.all(), key=lambda row: (row.turn_at, row.seq))
-        order = {row.id: (row.turn_at, row.seq) for row in rows}
+        rows = sorted(result.all(), key=chronology)
+        order = {row.id: chronology(row) for row in rows}
         subject = {row.id: row.subject for row in rows}
         successor = {row.id: row.superseded_by for row in rows}
         named: set[str] = set()

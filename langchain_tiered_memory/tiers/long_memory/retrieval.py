@@ -28,6 +28,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 
+from langchain_tiered_memory.core.encoding import well_formed
 from langchain_tiered_memory.core.validation import check_int, time_window, validate_id
 from langchain_tiered_memory.storage.base import Plan
 from langchain_tiered_memory.text.embeddings import (
@@ -39,8 +40,10 @@ from langchain_tiered_memory.text.embeddings import (
 from langchain_tiered_memory.text.lexical import BM25Index, cjk_share, fuse, tokenize
 from langchain_tiered_memory.text.similarity import similarities, unit_rows
 from langchain_tiered_memory.tiers.long_memory.catalog import (
+    LOOKUP_CHUNK,
     Catalog,
     Version,
+    chronology,
     context_ids,
     from_bytes,
     shown,
@@ -56,6 +59,11 @@ Scope = Literal["session", "user"]
 #: dot products of a 10,000-memory scope (about 1 ms), so the index pays off by the
 #: memory it saves (a scope's float32 vectors, 30 MB at 20,000 x 384), not by speed.
 EXACT_LIMIT = 20_000
+#: A time window of a scope searched through the vector index is scored exactly,
+#: from its memories' catalog vectors, when it holds at most this many (read by
+#: id, about 1.5 kB each at 384 dimensions). A larger window asks the index for
+#: ever more of the nearest until it yields enough of its own.
+WINDOW_EXACT = 2_000
 #: Scope indexes kept in process (least recently searched dropped first).
 CACHED_SCOPES = 64
 #: Seconds between two counts of a scope's models while it holds another model's
@@ -360,6 +368,9 @@ class MemorySearch:
         if not isinstance(query, str):
             msg = f"query must be a str, got {type(query).__name__}"
             raise TypeError(msg)
+        # Every search enters here (search, asearch, retrievers, the extractor's
+        # nearest memories): a lone surrogate would break the embedding's tokenizer.
+        query = well_formed(query)
         check_int("k", k)
         window = TimeWindow.of(since, until)
         resolved = self.resolve(scope, session_id, user_id)
@@ -586,43 +597,91 @@ class MemorySearch:
 
         The index's hits are kept only if they are the scope's own (and ``allowed``,
         and not ``foreign``); the lexical hits' similarities come from their catalog
-        vectors. Called without ``index.lock``: a slow index or a repair of it must
-        not hold up the scope's other searches.
+        vectors. A time window (``allowed``) of at most :data:`WINDOW_EXACT`
+        memories is scored exactly from their catalog vectors instead, and so is
+        the rest of a larger one when the index runs out before it yields ``pool``
+        of the window's (HNSW does not reach every memory): a window holding ``k``
+        memories yields ``k``, the best of the window, however far the rest of the
+        scope lies nearer the query. Called without ``index.lock``: a slow index or
+        a repair of it must not hold up the scope's other searches.
         """
-        try:
-            # A window leaves some of the nearest out: ask for more of them.
-            wanted = pool if allowed is None else 4 * pool
-            hits = self.vectors.query(
-                vector, min(wanted, len(index.rows)), resolved.session_id, resolved.user_id
-            )
-        except Exception as exc:
-            # The index is unreachable, or refuses the query (another model's size):
-            # the lexical hits are still compared with their catalog vectors below,
-            # which names a change of model size instead of hiding it.
-            logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
-            hits = []
-        scoped = index.rows if allowed is None else allowed  # membership only
-        dense = {
-            doc_id: score for doc_id, score in hits if doc_id in scoped and doc_id not in foreign
-        }
+        dense: dict[str, float] = {}
+        complete = False  # every memory of the window scored from the catalog
+        if allowed is not None and len(allowed) <= WINDOW_EXACT:
+            candidates = sorted(allowed - foreign)
+            found = self.scored(resolved, vector, candidates)
+            dense = best(found, pool)
+            dense.update((i, found[i]) for i in lexical if i in found)
+            # Memories older than the catalog's vectors: the index has theirs.
+            complete = len(found) == len(candidates)
+        if not complete:
+            try:
+                hits = self.index_hits(index, resolved, vector, pool, allowed, foreign)
+            except Exception as exc:
+                # The index is unreachable, or refuses the query (another model's size):
+                # the lexical hits are still compared with their catalog vectors below,
+                # which names a change of model size instead of hiding it.
+                logger.warning("dense search unavailable (%s); using the lexical hits only", exc)
+            else:
+                if allowed is not None and len(allowed) > WINDOW_EXACT and len(hits) < pool:
+                    # HNSW does not reach every memory: the rest of a large window
+                    # is read from the catalog, so the window still yields its best.
+                    rest = sorted(allowed - foreign - hits.keys())
+                    hits.update(best(self.scored(resolved, vector, rest), pool - len(hits)))
+                dense = {**hits, **dense}
         missing = [i for i in lexical if i not in dense and i not in foreign]
         dense.update(self.scored(resolved, vector, missing))
         return dense
 
+    def index_hits(
+        self,
+        index: ScopeIndex,
+        resolved: ResolvedScope,
+        vector: Sequence[float],
+        pool: int,
+        allowed: set[str] | None,
+        foreign: frozenset[str],
+    ) -> dict[str, float]:
+        """The vector index's ``pool`` nearest memories of the scope (``allowed``, not ``foreign``).
+
+        Without a window, one query of ``pool``. With one, the nearest memories
+        outside it are left out: more are asked for (four times as many each
+        time) until ``pool`` of the window's are found or the index has no more.
+        """
+        size = len(index.rows)
+        scoped = index.rows if allowed is None else allowed  # membership only
+        wanted = pool if allowed is None else 4 * pool
+        while True:
+            asked = min(wanted, size)
+            hits = self.vectors.query(vector, asked, resolved.session_id, resolved.user_id)
+            dense = {i: score for i, score in hits if i in scoped and i not in foreign}
+            if allowed is None or len(dense) >= pool or asked >= size or len(hits) < asked:
+                return dense
+            wanted *= 4
+
     def scored(
         self, resolved: ResolvedScope, vector: Sequence[float], ids: Sequence[str]
     ) -> dict[str, float]:
-        """Cosine similarity of memories by id, from their catalog vectors."""
-        if not ids:
-            return {}
-        rows = self.catalog.backup.run(resolved.fresh_plan(self.catalog, ids), read_only=True)
-        stored = [row for row in rows.values() if row.vector is not None]
-        if not stored:
-            return {}
-        sims = similarities(
-            unit_rows([from_bytes(row.vector) for row in stored]), unit_rows([vector])[0]
-        )
-        return {row.id: float(s) for row, s in zip(stored, sims, strict=True)}
+        """Cosine similarity of memories by id, from their catalog vectors.
+
+        Read :data:`~.catalog.LOOKUP_CHUNK` at a time (a window's may be many),
+        so only one chunk's vectors are held at once.
+        """
+        query = unit_rows([vector])[0]
+        scores: dict[str, float] = {}
+        for start in range(0, len(ids), LOOKUP_CHUNK):
+            chunk = ids[start : start + LOOKUP_CHUNK]
+            rows = self.catalog.backup.run(resolved.fresh_plan(self.catalog, chunk), read_only=True)
+            stored = [row for row in rows.values() if row.vector is not None]
+            if stored:
+                sims = similarities(unit_rows([from_bytes(row.vector) for row in stored]), query)
+                scores.update((row.id, float(s)) for row, s in zip(stored, sims, strict=True))
+        return scores
+
+
+def best(scores: dict[str, float], n: int) -> dict[str, float]:
+    """The ``n`` highest of ``scores`` (equal scores by id, as :func:`fuse` ranks them)."""
+    return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:n])
 
 
 def document(row: Any, score: float) -> Document:
@@ -711,7 +770,8 @@ def newer_first(
     """Results where tied near-duplicates (the same words, other values) are newest first.
 
     A group of near-duplicates keeps the places and scores its members earned; each
-    place goes to the newest member (by its newest source message) among those
+    place goes to the newest member (by when its turn happened, then archive
+    order: :func:`~.catalog.chronology`, as superseding orders them) among those
     scoring within :data:`RECENCY_MARGIN` of the best one left, so a correction
     ("the price is now 1250") outranks the value it corrects. A group is left as
     ranked when the query ``named`` a value that only some of its members hold:
@@ -737,7 +797,7 @@ def newer_first(
         for slot in members:
             best = results[left[0]][1]
             tied = [i for i in left if results[i][1] >= best - RECENCY_MARGIN * abs(best)]
-            pick = max(tied, key=lambda i: recency(results[i][0]))
+            pick = max(tied, key=lambda i: chronology(results[i][0]))
             left.remove(pick)
             ordered[slot] = (results[pick][0], results[slot][1])
     return ordered
@@ -762,11 +822,6 @@ def updates_first(
             ordered.append((row, score))
             placed.add(row.id)
     return ordered
-
-
-def recency(row: Any) -> tuple[int, int]:
-    """How new a memory is: its newest source message, then its catalog seq."""
-    return max(json.loads(row.source_ids), default=0), int(row.seq)
 
 
 class LongMemoryRetriever(BaseRetriever):
