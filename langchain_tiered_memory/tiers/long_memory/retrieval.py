@@ -610,7 +610,7 @@ class MemorySearch:
         if allowed is not None and len(allowed) <= WINDOW_EXACT:
             candidates = sorted(allowed - foreign)
             found = self.scored(resolved, vector, candidates)
-            dense = best(found, pool)
+            dense = highest(found, pool)
             dense.update((i, found[i]) for i in lexical if i in found)
             # Memories older than the catalog's vectors: the index has theirs.
             complete = len(found) == len(candidates)
@@ -627,7 +627,7 @@ class MemorySearch:
                     # HNSW does not reach every memory: the rest of a large window
                     # is read from the catalog, so the window still yields its best.
                     rest = sorted(allowed - foreign - hits.keys())
-                    hits.update(best(self.scored(resolved, vector, rest), pool - len(hits)))
+                    hits.update(highest(self.scored(resolved, vector, rest), pool - len(hits)))
                 dense = {**hits, **dense}
         missing = [i for i in lexical if i not in dense and i not in foreign]
         dense.update(self.scored(resolved, vector, missing))
@@ -679,7 +679,7 @@ class MemorySearch:
         return scores
 
 
-def best(scores: dict[str, float], n: int) -> dict[str, float]:
+def highest(scores: dict[str, float], n: int) -> dict[str, float]:
     """The ``n`` highest of ``scores`` (equal scores by id, as :func:`fuse` ranks them)."""
     return dict(sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:n])
 
