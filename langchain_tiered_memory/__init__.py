@@ -9,6 +9,7 @@ from langchain_tiered_memory.core.validation import EmbeddingDimensionError
 from langchain_tiered_memory.memory.history import TieredChatMessageHistory
 from langchain_tiered_memory.storage.archive import (
     ArchivedMessage,
+    ArchiveRefusedError,
     ArchiveUnavailableError,
     ForgetIncompleteError,
     MySQLBackup,
@@ -48,6 +49,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ArchiveRefusedError",
     "ArchiveUnavailableError",
     "ArchivedMessage",
     "ChromaLongMemory",

@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -26,6 +27,7 @@ from langchain_core.messages import (
 )
 
 from langchain_tiered_memory import (
+    ArchiveRefusedError,
     ArchiveUnavailableError,
     MySQLBackup,
     SessionFileArchive,
@@ -182,6 +184,88 @@ def test_table_creation_is_idempotent(backend_url: str, table_name: str) -> None
     first.metadata.drop_all(first.engine)
     first.dispose()
     second.dispose()
+
+
+@pytest.mark.mysql
+def test_id_list_columns_of_an_earlier_table_are_widened_by_processes_starting_at_once(
+    table_name: str,
+) -> None:
+    """H2: ``source_ids`` was a TEXT (64 KB on MySQL): a memory that kept absorbing
+    repeated turns overflowed it, and every later batch was refused."""
+    require_mysql()
+    first = MySQLBackup(MYSQL_URL, table_name=table_name)
+    memories = first.tables.memories.name
+    try:
+        with first.engine.begin() as conn:  # as an earlier version made them
+            for column, null in (("source_ids", "NOT NULL"), ("context_ids", "NULL")):
+                conn.exec_driver_sql(f"ALTER TABLE `{memories}` MODIFY `{column}` TEXT {null}")
+            conn.exec_driver_sql(
+                f"INSERT INTO `{memories}` (id, session_id, content_hash, text, kind, "
+                "source_ids, turn_at, created_at) VALUES ('m', 's', 'h', 't', 'raw', '[1, 2]', "
+                "NOW(), NOW())"
+            )
+        started: list[MySQLBackup] = []
+        failures: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def start() -> None:
+            barrier.wait()
+            try:
+                started.append(MySQLBackup(MYSQL_URL, table_name=table_name))
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=start) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert failures == [] and len(started) == 4
+        columns = {c["name"]: c for c in sa.inspect(first.engine).get_columns(memories)}
+        for column, null in (("source_ids", False), ("context_ids", True)):
+            assert isinstance(columns[column]["type"], sa.dialects.mysql.LONGTEXT)
+            assert columns[column]["nullable"] is null
+        long_list = "[" + ", ".join(str(10**12 + n) for n in range(10_000)) + "]"  # 150 KB
+
+        def grow() -> Any:
+            table = first.tables.memories
+            yield sa.update(table).where(table.c.id == "m").values(source_ids=long_list)
+
+        first.run(grow(), write=True)
+        with first.engine.connect() as conn:
+            stored = conn.execute(sa.text(f"SELECT source_ids FROM `{memories}`")).scalar()
+        assert stored == long_list
+        for backup in started:
+            backup.dispose()
+    finally:
+        first.metadata.drop_all(first.engine)
+        first.dispose()
+
+
+def test_a_value_the_database_refuses_is_a_typed_refusal_not_an_outage(
+    backup: MySQLBackup,
+) -> None:
+    """H3: a refusal of the data was reported as ``ArchiveUnavailableError``, an outage."""
+    locks, messages = backup.tables.locks, backup.tables.messages
+
+    def duplicate() -> Any:
+        yield sa.insert(locks).values(name="claim")  # created with the tables
+
+    with pytest.raises(ArchiveRefusedError, match="refused") as refused:
+        backup.run(duplicate(), write=True)
+    assert isinstance(refused.value, ValueError)
+    assert not isinstance(refused.value, ArchiveUnavailableError)
+    if backup.dialect != "sqlite":  # SQLite stores any length
+
+        def too_long() -> Any:
+            yield sa.insert(messages).values(
+                session_id="s", role="x" * 40, message="{}", parts=0, created_at=sa.func.now()
+            )
+
+        with pytest.raises(ArchiveRefusedError, match="Data too long"):
+            backup.run(too_long(), write=True)
+    backup.add_messages("s", [HumanMessage("still works")])
+    assert backup.get_messages("s") == [HumanMessage("still works")]
 
 
 def test_accepts_an_engine(backend_url: str, table_name: str) -> None:

@@ -23,7 +23,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory
+from langchain_tiered_memory.core.validation import SESSION_DATE_KEY
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory.worker import content_hash
 
 from .long_memory_support import FakeExtractor, catalog, say, sources, turn_ids
 
@@ -249,6 +251,79 @@ def test_identical_turns_still_dedupe(make_memory: MakeMemory, backup: MySQLBack
     [row] = catalog(backup, "same")
     assert row.text == "User: ACME's price is 1200 euros.\nAI: Noted."
     assert_nothing_lost(backup, memory, "same")
+
+
+def said_on(chat: TieredChatMessageHistory, day: str, question: str, answer: str) -> None:
+    """One completed turn that happened on ``day`` (its session date)."""
+    chat.add_messages(
+        [HumanMessage(question, additional_kwargs={SESSION_DATE_KEY: day}), AIMessage(answer)]
+    )
+
+
+def dated_sources(backup: MySQLBackup, session_id: str) -> list[tuple[str, list[int]]]:
+    """Each memory's day and source ids, in catalog order."""
+    return [(row.turn_at.date().isoformat(), sources(row)) for row in catalog(backup, session_id)]
+
+
+@pytest.mark.parametrize("each", [True, False], ids=["drained after every turn", "once"])
+def test_identical_turns_of_other_days_are_memories_of_their_own_dated_by_their_turn(
+    make_memory: MakeMemory, backup: MySQLBackup, each: bool
+) -> None:
+    """Issue 13 item 3: a later-dated repeat was folded into the first one, and kept its date."""
+    memory = make_memory(embedding=SameVectorEmbeddings())
+    chat = history(backup, memory, "gym")
+    # The third turn is on June 15th in UTC; the fourth, 23:30 at UTC-2, on the 16th.
+    for day in ("2023-05-01", "2023-06-15", "2023-06-15T18:30:00", "2023-06-15T23:30:00-02:00"):
+        said_on(chat, day, "I went to the gym today.", "Noted.")
+        if each:
+            memory.run_pending()
+    memory.run_pending()
+    may, june, later, next_day = turn_ids(backup, "gym")
+    assert dated_sources(backup, "gym") == [
+        ("2023-05-01", may),
+        ("2023-06-15", june + later),  # repeats within a day still merge
+        ("2023-06-16", next_day),
+    ]
+    [found] = memory.search("gym", session_id="gym", since="2023-06-01", until="2023-06-15")
+    assert found.metadata["turn_at"].startswith("2023-06-15")
+    assert found.metadata["source_ids"] == june + later
+    [found] = memory.search("gym", session_id="gym", until="2023-05-31")
+    assert found.metadata["source_ids"] == may
+    assert_nothing_lost(backup, memory, "gym")
+
+
+def test_a_memory_keyed_before_days_were_in_the_key_takes_only_turns_of_its_day(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(embedding=SameVectorEmbeddings())
+    chat = history(backup, memory, "old")
+    said_on(chat, "2023-05-01", "hello", "hi")
+    memory.run_pending()
+    # Keyed as an earlier version did: by its text alone.
+    [row] = catalog(backup, "old")
+    undated = content_hash(row.text, "raw", None)
+    memories = backup.tables.memories
+
+    def rekey() -> Any:
+        yield sa.update(memories).where(memories.c.id == row.id).values(content_hash=undated)
+
+    backup.run(rekey())
+    said_on(chat, "2023-06-15", "hello", "hi")  # another day: a memory of its own
+    said_on(chat, "2023-05-01", "hello", "hi")  # the same day: merged into it
+    memory.run_pending()
+    first, other_day, same_day = turn_ids(backup, "old")
+    assert dated_sources(backup, "old") == [
+        ("2023-05-01", first + same_day),
+        ("2023-06-15", other_day),
+    ]
+    assert catalog(backup, "old")[0].content_hash == undated  # its key is kept
+    # The merged turn grows: it takes its ids back from the old memory, never listed twice.
+    chat.add_messages([AIMessage("Oh, and bring a towel.")])
+    memory.run_pending()
+    assert_nothing_lost(backup, memory, "old")
+    assert dated_sources(backup, "old")[0] == ("2023-05-01", first)
+    [grown] = [row for row in catalog(backup, "old") if "towel" in row.text]
+    assert sources(grown) == turn_ids(backup, "old")[2]
 
 
 # -- issue 15: nothing lost on the way to long-term memory ---------------------------------

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from langchain_core.language_models.fake_chat_models import (
     FakeListChatModel,
@@ -366,6 +368,127 @@ def test_garbage_then_a_good_answer_is_extracted(
     memory.flush(timeout=10)
     [row] = catalog(backup)
     assert (row.kind, row.text) == ("extracted", "The AR table is a ledger.")
+
+
+# -- a memory that cannot be stored fails alone ------------------------------------------
+
+
+class RefusingEmbeddings(HashEmbeddings):
+    """Refuses a text over 5,000 characters, as a hosted API refuses one over its token limit."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if any(len(text) > 5000 for text in texts):
+            raise ValueError("maximum context length is 8192 tokens")
+        return super().embed_documents(texts)
+
+
+class UnreachableEmbeddings(HashEmbeddings):
+    """An embedding API whose server does not answer (a real connection refused)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        httpx.post(f"http://127.0.0.1:{self.port}/embed", json=texts, timeout=5)
+        raise AssertionError("unreachable")
+
+
+def assert_parked(job: Any, error: str) -> None:
+    """A job that failed on its own data: counted, its error kept, parked a minute at least."""
+    assert (job.state, job.attempts) == ("pending", 1)
+    assert error in job.last_error
+    assert (job.not_before - utcnow()).total_seconds() > 50
+
+
+def test_a_memory_the_embedding_refuses_holds_up_only_its_own_job_and_session(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """H3: one refused text failed the whole batch, other users' turns included, forever."""
+    memory = make_memory(embedding=RefusingEmbeddings())
+    bob = history(backup, memory, "s-bob", "bob")
+    say(bob, "here is my log: " + "错误" * 3000, "Noted.")
+    say(bob, "and a short question", "a short answer")  # waits behind it: session order
+    say(history(backup, memory, "s-carol", "carol"), "my cat is called Tom", "Noted.")
+    for _ in range(3):
+        memory.run_pending()  # never raises, never spins on the parked job
+    [doc] = memory.search("cat", user_id="carol", scope="user")
+    assert "my cat is called Tom" in doc.page_content
+    assert catalog(backup, "s-bob") == []
+    refused, waiting = job_rows(backup)
+    assert_parked(refused, "maximum context length")
+    assert (waiting.state, waiting.attempts, waiting.last_error) == ("pending", 0, None)
+    assert memory.collection.count() == 1  # nothing of bob's in the index
+    assert memory.queue.depth() == 2
+
+
+def test_a_memory_the_database_refuses_holds_up_only_its_own_job(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """H2/H3: a value the catalog refused stalled the queue, reported as an outage."""
+    memory = make_memory()
+    table = backup.tables.memories.name
+    with backup.engine.begin() as conn:  # a catalog that takes memories of 300 characters
+        if backup.dialect == "sqlite":
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {table}_short BEFORE INSERT ON {table} "
+                "WHEN length(NEW.text) > 300 BEGIN SELECT RAISE(ABORT, 'text too long'); END"
+            )
+        else:
+            conn.exec_driver_sql(f"ALTER TABLE `{table}` MODIFY `text` VARCHAR(300) NOT NULL")
+    say(history(backup, memory, "s-bob", "bob"), "here is my log: " + "x" * 400, "Noted.")
+    say(history(backup, memory, "s-carol", "carol"), "my cat is called Tom", "Noted.")
+    memory.run_pending()
+    [doc] = memory.search("cat", user_id="carol", scope="user")
+    assert "my cat is called Tom" in doc.page_content
+    [refused] = job_rows(backup)
+    assert_parked(refused, "ArchiveRefusedError")
+    # The index agrees with the catalog: the vector written before the refusal is gone.
+    assert sorted(memory.collection.get(include=[])["ids"]) == [doc.id]
+
+
+def test_an_embedding_api_that_does_not_answer_is_an_outage_counted_against_no_job(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(embedding=UnreachableEmbeddings())
+    say(history(backup, memory, "a", "u"), "first question", "first answer")
+    say(history(backup, memory, "b", "v"), "second question", "second answer")
+    for _ in range(3):
+        with pytest.raises(httpx.ConnectError):
+            memory.run_pending()
+    assert [(job.attempts, job.last_error) for job in job_rows(backup)] == [(0, None)] * 2
+    assert catalog(backup) == []
+    memory.embedding = HashEmbeddings()  # the service is back
+    assert memory.run_pending() == 2
+    assert len(catalog(backup)) == 2
+
+
+def test_a_memory_that_keeps_absorbing_repeated_turns_outgrows_64_kb(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """H2: its ``source_ids`` overflowed MySQL's TEXT, and the whole queue stalled."""
+    memory = make_memory()
+    archive = backup.table.name
+    with backup.engine.begin() as conn:  # 13-digit ids, as after 10^12 messages
+        if backup.dialect == "sqlite":
+            conn.exec_driver_sql(
+                f"INSERT INTO sqlite_sequence (name, seq) VALUES ('{archive}', 999999999999)"
+            )
+        else:
+            conn.exec_driver_sql(f"ALTER TABLE `{archive}` AUTO_INCREMENT=1000000000000")
+    ping = history(backup, memory, "ping", "ops")
+    for _ in range(5):
+        ping.add_messages([HumanMessage("ping"), AIMessage("pong")] * 500)
+        memory.run_pending()
+    say(history(backup, memory, "s", "carol"), "my cat is called Tom", "Noted.")
+    memory.run_pending()
+    [row] = catalog(backup, "ping")
+    assert sources(row) == archive_ids(backup, "ping")  # 5,000 ids, about 75 KB
+    assert len(row.source_ids) > 65_535
+    [doc] = memory.search("cat", user_id="carol", scope="user")
+    assert "my cat is called Tom" in doc.page_content
+    assert job_rows(backup) == []
 
 
 # -- 4d. several workers ----------------------------------------------------------------

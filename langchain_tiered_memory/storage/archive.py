@@ -152,7 +152,20 @@ class UnsupportedDatabaseError(ValueError):
 
 
 class ArchiveUnavailableError(RuntimeError):
-    """The archive database could not be reached or refused the write."""
+    """The archive database could not be reached, or failed (not on the data it was given)."""
+
+
+class ArchiveRefusedError(ValueError):
+    """The archive database answered, and refused the data of a write.
+
+    A value too long for its column, or a constraint it breaks (SQLAlchemy's
+    ``DataError``, or an ``IntegrityError`` not run again): not an outage, and the
+    same write would be refused again. Nothing of the refused transaction is stored.
+    """
+
+
+#: PEP 249 names of the errors of a database that refuses the data it was given.
+_REFUSALS = frozenset({"DataError", "IntegrityError"})
 
 
 class ForgetIncompleteError(RuntimeError):
@@ -611,8 +624,11 @@ class MySQLBackup(Lifecycle):
         except _database_errors(self.engine) as exc:
             raise self._unavailable(exc) from exc
 
-    def _unavailable(self, exc: BaseException) -> ArchiveUnavailableError:
+    def _unavailable(self, exc: BaseException) -> ArchiveUnavailableError | ArchiveRefusedError:
+        """The error to raise for a database error: a refusal of the data, else an outage."""
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        if {cls.__name__ for cls in type(exc).__mro__} & _REFUSALS:  # wrapped or the driver's
+            return ArchiveRefusedError(f"archive {render_url(self.url)} refused: {reason}")
         return ArchiveUnavailableError(f"archive {render_url(self.url)} failed: {reason}")
 
     # -- plans ----------------------------------------------------------------
@@ -994,6 +1010,8 @@ class MySQLBackup(Lifecycle):
                 none, or to one while ``user_id`` is ``None``); nothing is stored.
             ArchiveUnavailableError: If the database cannot be reached; nothing of
                 the batch is stored then.
+            ArchiveRefusedError: If the database refuses a value of the batch (a
+                ``ValueError``); nothing of the batch is stored.
 
         """
         session_id, messages, user_id = validate_batch(session_id, messages, user_id)

@@ -14,7 +14,7 @@ owner (the user of its first write, for good) and the row that serialises its wr
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -164,8 +164,10 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         # their words with the question that came before them) and shown with the
         # memory; ``context_ids`` are its archive ids (JSON). A row without them
         # (written by an older version) is searched and shown by its own text only.
-        Column("context", Text, nullable=True),
-        Column("context_ids", Text, nullable=True),
+        Column("context", Text, nullable=True),  # at most CONTEXT_CHARS characters
+        # Lists of ids are LONGTEXT on MySQL: a memory that keeps absorbing repeated
+        # turns lists them all, past TEXT's 64 KB.
+        Column("context_ids", _long_text(), nullable=True),
         Column("kind", String(16), nullable=False),
         # float32 bytes of the embedding: scoped dense search runs in-process,
         # since Chroma's filtered queries slow down as the collection grows.
@@ -173,7 +175,7 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         # The embedding model that made ``vector`` (``model_name``): another model's
         # vectors are not compared with a query's. None: written by an older version.
         Column("model", String(191), nullable=True),
-        Column("source_ids", Text, nullable=False),
+        Column("source_ids", _long_text(), nullable=False),
         Column("turn_at", _timestamp(), nullable=False),
         Column("created_at", _timestamp(), nullable=False),
         # What the memory states a value of ("iban", "price:widget"), and the newer
@@ -288,25 +290,27 @@ def max_table_name_length() -> int:
 
 
 def ensure_columns(engine: Engine, tables: Iterable[Table]) -> list[str]:
-    """Add the nullable columns that existing tables lack (idempotent).
+    """Add the nullable columns that existing tables lack, and widen text columns (idempotent).
 
     ``create_all`` creates missing tables but never alters an existing one, so a
-    database made by an earlier version lacks the columns added since. Several
-    processes may start at once: a column another one has just added counts as
-    present.
+    database made by an earlier version lacks the columns added since, and on
+    MySQL keeps a ``TEXT`` (64 KB) where this version declares a wider text type
+    (:func:`widen_columns`). Several processes may start at once: a column another
+    one has just added or widened counts as done.
 
     Args:
         engine: The database.
         tables: The tables as this version defines them.
 
     Returns:
-        ``table.column`` of every column added.
+        ``table.column`` of every column added or widened.
 
     Raises:
         RuntimeError: If a missing column is NOT NULL (it cannot be added to rows
             that already exist without a migration of their data).
     """
     added: list[str] = []
+    widened: list[str] = []
     quote = engine.dialect.identifier_preparer
     inspector = inspect(engine)  # one for all tables: it caches what it read
     for table in tables:
@@ -319,19 +323,86 @@ def ensure_columns(engine: Engine, tables: Iterable[Table]) -> list[str]:
                 raise RuntimeError(msg)
             ddl = CreateColumn(column).compile(dialect=engine.dialect)
             statement = f"ALTER TABLE {quote.format_table(table)} ADD COLUMN {ddl}"
-            try:
-                with engine.begin() as conn:
-                    conn.exec_driver_sql(statement)
-            except SQLAlchemyError:
-                columns = inspect(engine).get_columns(table.name)
-                if column.name not in {c["name"] for c in columns}:
-                    raise
+
+            def present_now(table: Table = table, name: str = column.name) -> bool:
+                return name in {c["name"] for c in inspect(engine).get_columns(table.name)}
+
+            if not _alter(engine, statement, present_now):
                 continue  # another process added it first
             logger.info("added the column %s.%s", table.name, column.name)
             added.append(f"{table.name}.{column.name}")
         if added:  # the indexes of the added columns (create_all skipped the table)
             _ensure_indexes(engine, table)
-    return added
+        widened.extend(widen_columns(engine, table))
+    return added + widened
+
+
+#: MySQL's text types, smallest first.
+_MYSQL_TEXTS = ("TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT")
+
+
+def _text_rank(type_: Any, engine: Engine) -> int | None:
+    """Where a column type stands in :data:`_MYSQL_TEXTS`; ``None`` if it is no MySQL text."""
+    try:
+        name = str(type_.compile(dialect=engine.dialect)).split()[0].upper()
+    except Exception:  # a reflected type the dialect cannot render: leave it be
+        return None
+    return _MYSQL_TEXTS.index(name) if name in _MYSQL_TEXTS else None
+
+
+def widen_columns(engine: Engine, table: Table) -> list[str]:
+    """On MySQL, widen the text columns of ``table`` declared wider than the database's.
+
+    A table made by an earlier version keeps ``TEXT`` (64 KB) for columns this
+    version declares ``LONGTEXT`` (lists of ids that grow), and a longer value
+    would be refused. ``ALTER TABLE ... MODIFY`` widens them, keeping every value;
+    a column already wide enough (widened by another process) is left alone.
+
+    Returns:
+        ``table.column`` of every column widened.
+    """
+    if engine.dialect.name not in ("mysql", "mariadb"):
+        return []  # SQLite's TEXT has no size
+    quote = engine.dialect.identifier_preparer
+    present = {column["name"]: column for column in inspect(engine).get_columns(table.name)}
+    widened = []
+    for column in table.columns:
+        found = present.get(column.name)
+        wanted = _text_rank(column.type, engine)
+        if found is None or wanted is None:
+            continue
+        have = _text_rank(found["type"], engine)
+        if have is None or have >= wanted:
+            continue
+        ddl = CreateColumn(column).compile(dialect=engine.dialect)
+        statement = f"ALTER TABLE {quote.format_table(table)} MODIFY COLUMN {ddl}"
+
+        def wide_now(name: str = column.name, wanted: int = wanted) -> bool:
+            columns = {c["name"]: c for c in inspect(engine).get_columns(table.name)}
+            now = _text_rank(columns[name]["type"], engine)
+            return now is not None and now >= wanted
+
+        if not _alter(engine, statement, wide_now):
+            continue  # another process widened it first
+        logger.info("widened the column %s.%s", table.name, column.name)
+        widened.append(f"{table.name}.{column.name}")
+    return widened
+
+
+def _alter(engine: Engine, statement: str, done: Callable[[], bool]) -> bool:
+    """Run an ``ALTER TABLE``; ``False`` if it failed because another process did it first.
+
+    ``done`` tells whether the change is in place; a failure it does not explain
+    is raised.
+    """
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(statement)
+    except SQLAlchemyError:
+        if not done():
+            raise
+        return False
+    return True
 
 
 def _ensure_indexes(engine: Engine, table: Table) -> None:

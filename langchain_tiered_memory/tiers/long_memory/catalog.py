@@ -265,9 +265,11 @@ class Catalog:
         One lookup per unique key (``id``; ``session_id, content_hash``), the id's
         filtered to the sessions here: given the session too, a planner may walk
         the session's rows instead, and each batch would cost more as it grows.
+        Each row comes with its ``turn_at``: a turn is merged only into a memory of
+        its own day.
         """
         c = self.table.c
-        columns = (c.id, c.session_id, c.content_hash, c.text, c.source_ids)
+        columns = (c.id, c.session_id, c.content_hash, c.text, c.source_ids, c.turn_at)
         wanted = set(sessions)
         found: dict[str, Any] = {}
         for start in range(0, len(keys), LOOKUP_CHUNK):

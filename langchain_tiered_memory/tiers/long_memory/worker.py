@@ -9,8 +9,13 @@ than duplicates.
 
 Dedupe is decided by text, never by an embedding's similarity: a turn is merged
 only into a memory of its session with the same text (raw) or the same words and
-values (extracted), so every archived message listed by a memory is in its text. A
-turn that grows (another AI message) keeps one memory, replaced by the fuller one.
+values (extracted) of the same day, so every archived message listed by a memory is
+in its text and happened on its date. A turn that grows (another AI message) keeps
+one memory, replaced by the fuller one.
+
+A batch that fails on its data (an embedding or an index refusing a text, the
+database refusing a value) is stored again job by job, so the error stays with its
+job; an outage (:func:`is_outage`) stops the batch, counted against no job.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import logging
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import date, datetime
 from typing import Any, Literal
 
 from langchain_core.embeddings import Embeddings
@@ -68,10 +73,19 @@ from langchain_tiered_memory.tiers.long_memory.vectors import VectorIndex
 logger = logging.getLogger(__name__)
 
 CONTEXT_CHARS = 2000
-#: Seconds at least before a turn that could not be read is read again: it is not a
-#: passing fault, and with no backoff (``retry_base_delay=0``) ``run_pending`` would
-#: claim it again at once, forever.
+#: Seconds at least before a job that failed on its own data (a turn that could not
+#: be read, a memory that could not be stored) runs again: it is not a passing fault,
+#: and with no backoff (``retry_base_delay=0``) ``run_pending`` would claim it again
+#: at once, forever.
 UNREADABLE_PARK = 60.0
+#: Names (in an error's class hierarchy) of the errors a client raises when it cannot
+#: reach its service: httpx's (Chroma's ``HttpClient``), requests', and those of hosted
+#: model APIs (``openai.APIConnectionError`` and its ``APITimeoutError``).
+_UNREACHABLE = frozenset(
+    {"ConnectionError", "TimeoutError", "Timeout", "TransportError", "APIConnectionError"}
+)
+#: What chromadb's ``HttpClient`` raises (as a ``ValueError``) when no server answers.
+_NO_CHROMA_SERVER = "Could not connect to a Chroma server"
 #: Earlier ends of a turn whose raw memory is looked up when the turn grows.
 PREFIXES = 16
 # Numbers (signed, with separators: amounts, dates, times), words, and the symbols that
@@ -101,6 +115,37 @@ def turn_time(turn: Sequence[TurnRow]) -> datetime:
     return turn[0].created_at
 
 
+def _days(turn: Sequence[TurnRow]) -> set[date]:
+    """The days an earlier end of a turn may be dated by (see :func:`turn_time`).
+
+    An end before the turn's first session date is dated by its archive time.
+    """
+    return {turn[0].created_at.date(), turn_time(turn).date()}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a failure is a service's outage rather than the job's own.
+
+    The archive unreachable (:class:`ArchiveUnavailableError`, not a refusal of the
+    data), a Chroma server or a hosted embedding API that does not answer (its
+    client's connection or timeout error, or the cause of the error raised): the
+    batch is claimed again later and no attempt is counted. Anything else (a text
+    an embedding refuses, a value the database refuses) is the job's.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ArchiveUnavailableError):
+            return True
+        if {cls.__name__ for cls in type(error).__mro__} & _UNREACHABLE:
+            return True
+        if isinstance(error, ValueError) and str(error).startswith(_NO_CHROMA_SERVER):
+            return True
+        error = error.__cause__
+    return False
+
+
 def default_batch_size(extractor: BaseChatModel | None) -> int:
     """Jobs a worker claims per round: :data:`RAW_BATCH` or :data:`EXTRACT_BATCH`."""
     return RAW_BATCH if extractor is None else EXTRACT_BATCH
@@ -115,6 +160,8 @@ class _Entry:
     content_hash: str
     text: str
     sources: set[int]
+    #: The UTC day its turn happened (the day of ``turn_at``).
+    day: date
     memory: Memory | None = None
 
 
@@ -123,9 +170,11 @@ class Batch:
 
     Invariant: every turn listed in a memory's ``source_ids`` has its text in that
     memory's text. A turn is merged only into a memory with the same dedupe key
-    (:func:`_content_hash`); a turn that grew replaces its own memory (keyed by the
-    turn's first message) and takes its ids back from the memories of its earlier
-    ends; every archived message stays the source of exactly one memory.
+    (:func:`content_hash`: the same text, the same day), or into one written before
+    days were part of the key whose text and day are the same; a turn that grew
+    replaces its own memory (keyed by the turn's first message) and takes its ids
+    back from the memories of its earlier ends; every archived message stays the
+    source of exactly one memory.
     """
 
     def __init__(self, rows: Sequence[Any]) -> None:
@@ -136,7 +185,12 @@ class Batch:
         self.provenance: dict[str, tuple[set[int], set[int]]] = {}
         for row in rows:
             self.entries[row.id] = _Entry(
-                row.id, row.session_id, row.content_hash, row.text, set(json.loads(row.source_ids))
+                row.id,
+                row.session_id,
+                row.content_hash,
+                row.text,
+                set(json.loads(row.source_ids)),
+                row.turn_at.date(),
             )
             self.by_hash[(row.session_id, row.content_hash)] = row.id
 
@@ -145,11 +199,19 @@ class Batch:
         return None if found is None else self.entries[found]
 
     def _same(self, memory: Memory) -> _Entry | None:
-        """A memory of the session that says the same thing (legacy hashes re-checked)."""
+        """A memory of the session that says the same thing of the same day.
+
+        Found by any key it may be stored under (:func:`same_keys`), and checked
+        against its own text and day: a memory written before days were part of
+        the key is merged into only when its day is the turn's.
+        """
         session_id = memory.job.session_id
-        for key in (memory.content_hash, legacy_hash(memory.text)):
+        for key in same_keys(memory):
             entry = self._lookup(session_id, key)
-            if entry is not None and content_hash(entry.text, memory.kind) == memory.content_hash:
+            if (
+                entry is not None
+                and content_hash(entry.text, memory.kind, entry.day) == memory.content_hash
+            ):
                 return entry
         return None
 
@@ -197,6 +259,7 @@ class Batch:
             memory.content_hash,
             memory.text,
             set(memory.source_ids),
+            memory.turn_at.date(),
             memory,
         )
         self.by_hash[(session_id, memory.content_hash)] = memory.id
@@ -239,22 +302,43 @@ def words(text: str) -> list[str]:
     return words
 
 
-def content_hash(text: str, kind: str) -> str:
-    """The dedupe key of a memory text: equal keys say the same thing.
+def content_hash(text: str, kind: str, day: date | None) -> str:
+    """The dedupe key of a memory text of a day: equal keys say the same thing that day.
 
     A raw turn is only ever a duplicate of the same text (spacing aside), so a merged
     turn's words are always in the memory that lists it. An extracted summary may
     also differ in case, punctuation and articles; a single other word, number,
-    date, amount, identifier or name makes it a memory of its own.
+    date, amount, identifier or name makes it a memory of its own. The same text
+    on another day (the UTC day its turn happened) is a memory of its own too, dated
+    by its turn, so a time window finds it.
+
+    Args:
+        text: The memory text.
+        kind: ``"raw"`` or ``"extracted"``.
+        day: The day its turn happened; ``None`` gives the key of memories written
+            before days were part of it (a lookup only).
     """
-    if kind == "raw":
-        return digest("text", spaced(text))
-    return digest("words", " ".join(words(text)))
+    said = spaced(text) if kind == "raw" else " ".join(words(text))
+    key = digest("text" if kind == "raw" else "words", said)
+    return key if day is None else digest(key, day.isoformat())
 
 
 def legacy_hash(text: str) -> str:
-    """The content hash of memories written before :func:`_content_hash` (a lookup only)."""
+    """The content hash of memories written before :func:`content_hash` (a lookup only)."""
     return digest(normalise(text))
+
+
+def same_keys(memory: Memory) -> tuple[str, str, str]:
+    """The keys a stored memory saying what ``memory`` says may be found by.
+
+    Its own key, and those of memories written by earlier versions (no day in the
+    key; the legacy one): what is found by them is checked by text and day.
+    """
+    return (
+        memory.content_hash,
+        content_hash(memory.text, memory.kind, None),
+        legacy_hash(memory.text),
+    )
 
 
 def normalise(text: str) -> str:
@@ -390,7 +474,7 @@ class ExtractionWorker(QueueWorker):
             read = turns[job.id]
             if isinstance(read, Exception):  # a stored message this process cannot decode
                 failed_sessions.add(job.session_id)
-                self._unreadable(job, read)
+                self._park(job, read, "read the turn")
                 continue
             before, turn = read
             if not turn:  # its messages were deleted (clear or forget)
@@ -415,6 +499,7 @@ class ExtractionWorker(QueueWorker):
             # often shares its words with the question before it. A summary stands
             # alone (prepending raw dialogue would undo what extraction saves).
             context = self._context(before) if kind == "raw" else None
+            turn_at = turn_time(turn)
             fresh.append(
                 Memory(
                     id=memory_id,
@@ -422,12 +507,12 @@ class ExtractionWorker(QueueWorker):
                     text=text,
                     kind=kind,
                     source_ids=[r.id for r in turn],
-                    turn_at=turn_time(turn),
-                    content_hash=content_hash(text, kind),
+                    turn_at=turn_at,
+                    content_hash=content_hash(text, kind, turn_at.date()),
                     context=context,
                     context_ids=[r.id for r in before if role_of(r.message) in ("human", "ai")],
                     turn_ids=[r.id for r in turn],
-                    prefix_hashes=self._prefix_hashes(messages),
+                    prefix_hashes=self._prefix_hashes(messages, _days(turn)),
                     subject=subject_of(text),
                     supersedes=updates,
                 )
@@ -467,18 +552,19 @@ class ExtractionWorker(QueueWorker):
                     found[job.id] = exc
         return found
 
-    def _prefix_hashes(self, messages: Sequence[BaseMessage]) -> list[str]:
+    def _prefix_hashes(self, messages: Sequence[BaseMessage], days: set[date]) -> list[str]:
         """Content hashes of the raw memories that earlier jobs of this turn may have left.
 
         Each earlier end of a growing turn may have been stored (or merged into an
-        identical memory) as the turn so far; the fuller memory takes its ids over.
+        identical memory) as the turn so far, dated by that end (one of ``days``),
+        or by an earlier version without a day; the fuller memory takes its ids over.
         """
-        hashes = []
+        hashes: list[str] = []
         for end in range(max(1, len(messages) - PREFIXES), len(messages)):
             prefix = messages[:end]
             text = format_turn(prefix, turn_prompts(prefix, self.language, self.prompts))
             if text:
-                hashes.append(content_hash(storable(text), "raw"))
+                hashes.extend(content_hash(storable(text), "raw", day) for day in (*days, None))
         return hashes
 
     def _context(self, before: Sequence[TurnRow]) -> str | None:
@@ -488,12 +574,17 @@ class ExtractionWorker(QueueWorker):
         text = format_turn(messages, turn_prompts(messages, self.language, self.prompts))
         return storable(text[:CONTEXT_CHARS]) if text else None
 
-    def _unreadable(self, job: Job, exc: BaseException) -> None:
-        """Park a job whose turn cannot be read, so it holds up only its own session."""
+    def _park(self, job: Job, exc: BaseException, what: str) -> None:
+        """Park a job that failed on its own data, so it holds up only its own session.
+
+        Its attempt is counted and its error kept; it runs again after a backoff
+        of at least :data:`UNREADABLE_PARK` seconds.
+        """
         error = f"{type(exc).__name__}: {exc}"
         delay = max(backoff(self.retry_base_delay, job.attempts), UNREADABLE_PARK)
         logger.error(
-            "cannot read the turn of job %d (session %r): %s; retry in %.0f s",
+            "cannot %s of job %d (session %r): %s; retry in %.0f s",
+            what,
             job.id,
             job.session_id,
             error,
@@ -518,51 +609,135 @@ class ExtractionWorker(QueueWorker):
         self.queue.retry(job, error, delay)
 
     def _store(self, fresh: list[Memory], empty: list[Job]) -> int:
-        """Write and commit a batch's memories; returns how many jobs it finished."""
+        """Write and commit a batch's memories; returns how many jobs it finished.
+
+        A batch that fails on its data (not an outage: :func:`is_outage`) is
+        stored again job by job, so the error stays with its job.
+        """
         # Renew the leases right before writing: a job another worker claimed after
         # our lease ran out is its business now, not ours to write.
         held = self.queue.renew([m.job for m in fresh] + empty)
         fresh = [m for m in fresh if m.job.id in held]
         empty = [job for job in empty if job.id in held]
-        jobs = [m.job for m in fresh] + empty
+        try:
+            return self._write(fresh, empty)
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # not the jobs' failure: the batch is claimed again later
+            if len(fresh) + len(empty) == 1:
+                self._park(fresh[0].job if fresh else empty[0], exc, "store the memory")
+                return 0
+            logger.warning(
+                "storing a batch of %d jobs failed (%s: %s); storing them one by one",
+                len(fresh) + len(empty),
+                type(exc).__name__,
+                exc,
+            )
+        return self._store_each(fresh, empty)
+
+    def _store_each(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> int:
+        """Store a batch job by job: a job that fails is parked, alone.
+
+        The jobs of a session run in order: once one fails, the session's later
+        jobs of the batch are given back to wait for it (as :meth:`_process` does).
+        """
+        items = [(m.job, m) for m in fresh] + [(job, None) for job in empty]
+        failed_sessions: set[str] = set()
+        waiting: list[Job] = []
+        finished = 0
+        for job, memory in sorted(items, key=lambda item: item[0].id):
+            if job.session_id in failed_sessions:
+                waiting.append(job)
+                continue
+            try:
+                finished += self._write([memory] if memory else [], [] if memory else [job])
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                failed_sessions.add(job.session_id)
+                self._park(job, exc, "store the memory")
+        self.queue.release(waiting)
+        return finished
+
+    def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> int:
+        """Dedupe, embed, index and commit memories of held jobs; how many jobs finished."""
+        # Copies: dedupe rewrites ids and provenance, and a failed batch is placed again.
+        fresh = [replace(memory) for memory in fresh]
+        jobs = [m.job for m in fresh] + list(empty)
         latest: dict[str, Memory] = {}
         for memory in fresh:  # a later job of a turn that grew supersedes an earlier one
             latest[memory.id] = memory
         writes, provenance = self._dedupe(list(latest.values())) if latest else ([], {})
-        if writes:
-            # Longest first, as sentence-transformers orders a call: an embedding
-            # that batches texts in the order given pads each batch less.
-            by_length = sorted(writes, key=lambda m: -len(m.text))
-            vectors = self.embedding.embed_documents([m.text for m in by_length])
-            model = model_name(self.embedding)
-            for memory, vector in zip(by_length, vectors, strict=True):
-                memory.vector = vector
-                memory.model = model
-            self.vectors.upsert(
-                [m.id for m in writes],
-                [m.vector for m in writes],
-                [m.text for m in writes],
-                [m.metadata() for m in writes],
-            )
-        refused = self.backup.run(self.catalog.commit_plan(writes, provenance, jobs), write=True)
+        indexed: list[str] = []
+        try:
+            if writes:
+                # Longest first, as sentence-transformers orders a call: an embedding
+                # that batches texts in the order given pads each batch less.
+                by_length = sorted(writes, key=lambda m: -len(m.text))
+                vectors = self.embedding.embed_documents([m.text for m in by_length])
+                model = model_name(self.embedding)
+                for memory, vector in zip(by_length, vectors, strict=True):
+                    memory.vector = vector
+                    memory.model = model
+                indexed = [m.id for m in writes]  # a failed upsert may have written some
+                self.vectors.upsert(
+                    indexed,
+                    [m.vector for m in writes],
+                    [m.text for m in writes],
+                    [m.metadata() for m in writes],
+                )
+            commit = self.catalog.commit_plan(writes, provenance, jobs)
+            refused = self.backup.run(commit, write=True)
+        except Exception as exc:
+            if indexed and not is_outage(exc):
+                self._restore_vectors(indexed)
+            raise
         self._settle_vectors(fresh, writes, refused)
         if provenance:
             self._refresh_provenance(list(provenance))
         return len(jobs) - len(refused)
+
+    def _restore_vectors(self, memory_ids: Sequence[str]) -> None:
+        """Make the index agree with the catalog again after a commit that failed.
+
+        The vectors of a failed commit are put back as the catalog holds them, or
+        dropped if it holds none. Best effort: the job's next run writes them anyway.
+        """
+        try:
+            rows = self.backup.run(self.catalog.fresh_plan(memory_ids), read_only=True)
+            self._index_rows(list(rows.values()))
+            self.vectors.delete([each for each in memory_ids if each not in rows])
+        except Exception as exc:
+            logger.warning("could not restore %d vectors: %s", len(memory_ids), exc)
+
+    def _index_rows(self, rows: Sequence[Any]) -> None:
+        """Write catalog rows into the vector index as the catalog holds them."""
+        if not rows:
+            return
+        self.vectors.upsert(
+            [row.id for row in rows],
+            [
+                from_bytes(row.vector).tolist()
+                if row.vector is not None
+                else self.embedding.embed_documents([row.text])[0]
+                for row in rows
+            ],
+            [row.text for row in rows],
+            [row_metadata(row) for row in rows],
+        )
 
     def _dedupe(
         self, fresh: Sequence[Memory]
     ) -> tuple[list[Memory], dict[str, tuple[set[int], set[int]]]]:
         """What the batch writes: memories to store, and provenance changes of stored ones.
 
-        Only index lookups: the batch's turn ids and content hashes (its own, the
-        legacy one, and those of its turns' earlier ends) against the catalog's
+        Only index lookups: the batch's turn ids and content hashes (its own, those
+        of earlier versions, and those of its turns' earlier ends) against the catalog's
         unique keys; the work never depends on how many memories a session holds.
         """
         sessions = sorted({m.job.session_id for m in fresh})
         keys = sorted(
-            {m.id for m in fresh}
-            | {h for m in fresh for h in (m.content_hash, legacy_hash(m.text), *m.prefix_hashes)}
+            {m.id for m in fresh} | {h for m in fresh for h in (*same_keys(m), *m.prefix_hashes)}
         )
 
         batch = Batch(self.backup.run(self.catalog.known_plan(sessions, keys), read_only=True))
@@ -589,18 +764,7 @@ class ExtractionWorker(QueueWorker):
         mine = [m for m in new if m.job.id in refused]
         if mine:
             rows, queued = self.backup.run(self.catalog.refused_plan(mine))
-            if rows:
-                self.vectors.upsert(
-                    [row.id for row in rows],
-                    [
-                        from_bytes(row.vector).tolist()
-                        if row.vector is not None
-                        else self.embedding.embed_documents([row.text])[0]
-                        for row in rows
-                    ],
-                    [row.text for row in rows],
-                    [row_metadata(row) for row in rows],
-                )
+            self._index_rows(rows)
             stored = {row.id for row in rows}
             dropped += [m.id for m in mine if m.id not in stored and m.job.id not in queued]
         if dropped:
