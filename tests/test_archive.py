@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
+    BaseMessage,
     ChatMessage,
     FunctionMessage,
     HumanMessage,
@@ -174,6 +175,49 @@ def test_clear_touches_only_its_session(backup: MySQLBackup) -> None:
     with backup.engine.connect() as conn:
         parts = conn.execute(sa.select(sa.func.count()).select_from(backup.parts_table)).scalar()
     assert parts == 2  # only the pieces of the message that stays
+
+
+@pytest.mark.parametrize("reader", ["get_messages", "tail", "window", "aget_messages", "atail"])
+def test_a_read_sees_the_session_before_or_after_a_clear_never_half(
+    backup: MySQLBackup, reader: str
+) -> None:
+    # A read takes the rows, then the pieces of the large ones: the session is cleared
+    # between the two, and the read still returns what it saw (one snapshot).
+    turn = [HumanMessage("q"), AIMessage("y" * 1_200_000)]  # the answer is in pieces
+    backup.add_messages("s1", turn)
+    history = TieredChatMessageHistory("s1", backup=backup, window_max_tokens=None)
+    cleared: list[threading.Thread] = []
+
+    def clear_before_the_pieces(conn, cursor, statement, *_: object) -> None:  # type: ignore[no-untyped-def]
+        if backup.parts_table.name in statement and not cleared:
+            cleared.append(threading.Thread(target=backup.clear, args=("s1",)))
+            cleared[0].start()
+            cleared[0].join(30)  # a writer is never blocked by a reader
+            assert not cleared[0].is_alive()
+
+    async def aread() -> list[BaseMessage]:
+        engine = backup.async_engine().sync_engine
+        sa.event.listen(engine, "before_cursor_execute", clear_before_the_pieces)
+        try:
+            if reader == "aget_messages":
+                return await backup.aget_messages("s1")
+            return await backup.atail("s1", 1)
+        finally:
+            await backup.adispose()
+
+    sa.event.listen(backup.engine, "before_cursor_execute", clear_before_the_pieces)
+    try:
+        if reader.startswith("a"):
+            read = asyncio.run(aread())
+        elif reader == "window":
+            read = history.messages
+        else:
+            read = getattr(backup, reader)("s1", *((1,) if reader == "tail" else ()))
+    finally:
+        sa.event.remove(backup.engine, "before_cursor_execute", clear_before_the_pieces)
+    assert cleared, "the read never fetched the pieces"
+    assert read == turn
+    assert backup.get_messages("s1") == []
 
 
 def test_table_creation_is_idempotent(backend_url: str, table_name: str) -> None:

@@ -187,10 +187,7 @@ class TieredStore(Lifecycle, BaseStore):
 def _mode(batch: PreparedBatch) -> dict[str, Any]:
     """How the archive runs ``batch``'s plan (given as a function: a deadlock reruns it).
 
-    Puts write after reading. Several reads are one deferred transaction, one
-    snapshot (on SQLite a read-only plan would read each statement's latest
-    commit); a single read needs none.
+    Puts write after reading; reads are one snapshot either way (the archive runs
+    every plan so).
     """
-    if batch.writes:
-        return {"write": True}
-    return {"read_only": len(batch.ops) <= 1}
+    return {"write": True} if batch.writes else {"read_only": True}

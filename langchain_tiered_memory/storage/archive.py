@@ -339,7 +339,7 @@ def _run_sync(
 ) -> T:
     with engine.connect() as conn:
         conn.execution_options(**options)
-        if read_only:  # no BEGIN/COMMIT round trips; the pool rolls back on return
+        if read_only:  # no COMMIT round trip; closing the connection rolls back
             return drive(plan, conn.execute, write=False)
         with conn.begin():
             return drive(plan, conn.execute, write=write)
@@ -537,8 +537,9 @@ class MySQLBackup(Lifecycle):
 
     def _options(self, write: bool, read_only: bool) -> dict[str, Any]:
         if self.dialect == "sqlite":
-            if read_only:
-                return {"sqlite_begin": None}
+            # Every plan is one snapshot, as under MySQL's REPEATABLE READ: a read-only
+            # plan too is one deferred transaction (its rows and their pieces come from
+            # one commit, never half of a clear), which in WAL blocks no writer.
             return {"sqlite_begin": "BEGIN IMMEDIATE" if write else "BEGIN"}
         # Writers that read first must see what other processes committed.
         return {"isolation_level": "READ COMMITTED"} if write else {}
@@ -560,9 +561,9 @@ class MySQLBackup(Lifecycle):
             write: The plan reads, then writes on what it read: take the write lock
                 up front on SQLite, read committed data on MySQL. A plan that
                 writes after reading without it raises ``UndeclaredWriteError``.
-            read_only: The plan only reads: no explicit transaction (on SQLite, each
-                statement reads the latest commit; without it a read-only plan is
-                one deferred transaction, one snapshot).
+            read_only: The plan only reads: it ends with a rollback, not a commit
+                (no COMMIT round trip). It is still one snapshot: on SQLite one
+                deferred transaction, on MySQL one REPEATABLE READ transaction.
 
         Raises:
             ArchiveUnavailableError: If the database fails (after the reruns).
@@ -1778,8 +1779,7 @@ def _configure_sqlite(engine: Engine, timeout: float = DEFAULT_TIMEOUT) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         statement = conn.get_execution_options().get("sqlite_begin", "BEGIN")
-        if statement:  # None: an autocommit read
-            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql(statement)
 
 
 _default_lock = threading.Lock()
