@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gc
 import shutil
 import socket
+import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +221,105 @@ def test_a_read_sees_the_session_before_or_after_a_clear_never_half(
     assert cleared, "the read never fetched the pieces"
     assert read == turn
     assert backup.get_messages("s1") == []
+
+
+# -- event loops come and go ---------------------------------------------------
+
+LOOP_KINDS = ["asyncio.run", "asyncio.run in a thread", "closed loop", "abandoned loop"]
+
+
+def _run_on_a_new_loop(kind: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    """Run ``work`` once on a loop of its own, ended as ``kind`` says."""
+
+    def by_hand(close: bool) -> None:
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(work())
+        if close:  # closed without loop.shutdown_asyncgens()
+            loop.close()
+
+    if kind == "asyncio.run":
+        asyncio.run(work())
+        return
+    target = {
+        "asyncio.run in a thread": lambda: asyncio.run(work()),
+        "closed loop": lambda: by_hand(close=True),
+        "abandoned loop": lambda: by_hand(close=False),  # its thread ends, it stays open
+    }[kind]
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+
+
+def _wait_until(what: Callable[[], bool]) -> bool:
+    """``what()`` within 30 s (a server notices a closed socket when it reads it)."""
+    deadline = time.monotonic() + 30
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("kind", LOOP_KINDS)
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_the_connections_of_an_event_loop_are_closed_once_it_ends(
+    database: str,
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    table_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A sync app that runs each request with asyncio.run opened one connection per
+    # request and never closed it: MariaDB refused every client after 151 requests.
+    if database == "mysql":
+        user, password = request.getfixturevalue("mysql_user")
+        url = sa.make_url(MYSQL_URL).set(username=user, password=password)
+        server = sa.create_engine(MYSQL_URL, poolclass=sa.NullPool)
+
+        def connections() -> int:  # the archive's own, seen by the server
+            with server.connect() as conn:
+                query = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s"
+                return int(conn.exec_driver_sql(query, (user,)).scalar_one())
+
+    else:
+        url = sa.make_url(f"sqlite:///{tmp_path / 'loops.sqlite3'}")
+        before = threading.active_count()
+
+        def connections() -> int:  # an aiosqlite connection is a thread
+            return threading.active_count() - before
+
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: unraisable.append(repr(info)))
+    backup = MySQLBackup(url, table_name=table_name)
+    try:
+        backup.dispose()
+        assert _wait_until(lambda: connections() == 0)
+        for _ in range(20):
+            _run_on_a_new_loop(kind, lambda: backup.aadd_messages("s", [HumanMessage("q")]))
+            # At most the last loop's, until the next call or dispose() sees it ended.
+            assert _wait_until(lambda: connections() <= 1), connections()
+        backup.dispose()
+        assert _wait_until(lambda: connections() == 0), connections()
+        assert len(backup.get_messages("s")) == 20
+        backup.dispose()
+        gc.collect()
+        assert unraisable == []  # no "Event loop is closed" while a connection is collected
+    finally:
+        _drop_all(backup)
+        if database == "mysql":
+            server.dispose()
+
+
+async def test_a_long_lived_loop_keeps_its_connection(backup: MySQLBackup) -> None:
+    connects: list[object] = []
+    sa.event.listen(backup.async_engine().sync_engine, "connect", lambda *_: connects.append(1))
+    for n in range(20):
+        await backup.aadd_messages("s", [HumanMessage(f"q{n}")])
+        assert len(await backup.aget_messages("s")) == n + 1
+    assert len(connects) == 1
+    await backup.adispose()
 
 
 def test_table_creation_is_idempotent(backend_url: str, table_name: str) -> None:

@@ -13,6 +13,7 @@ transaction, and a forget runs the erasers the tiers registered
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.metadata
 import inspect
@@ -21,11 +22,11 @@ import logging
 import os
 import random
 import re
+import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -362,6 +363,73 @@ async def _run_async(
             raise
 
 
+class _LoopEngine:
+    """The async engine of one event loop, the thread that ran it, its connections."""
+
+    def __init__(self, engine: AsyncEngine, thread: threading.Thread) -> None:
+        self.engine = engine
+        self.thread = thread
+        # The driver's connections (aiomysql, aiosqlite), to close them without the loop.
+        self.drivers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.guard: AsyncGenerator[None, None] | None = None
+
+    def opened(self, dbapi_connection: Any, _record: Any) -> None:
+        """The engine's ``connect`` event."""
+        self.drivers.add(dbapi_connection.driver_connection)
+
+    def watch(self, guard: AsyncGenerator[None, None]) -> None:
+        """Start ``guard`` on the running loop, which closes it when it ends.
+
+        Its first step runs here: that registers it with the loop (the loop's
+        ``firstiter`` hook) as ``loop.shutdown_asyncgens()`` will find it.
+        """
+        self.guard = guard
+        with contextlib.suppress(StopIteration):
+            guard.__anext__().send(None)
+
+    def unwatch(self) -> None:
+        """End the guard now (it does nothing once the engine is taken off)."""
+        if self.guard is not None:
+            with contextlib.suppress(StopIteration):
+                self.guard.aclose().send(None)
+            self.guard = None
+
+    async def aclose(self, dialect: str, timeout: float) -> None:
+        """Close the connections of a loop that will not run again, from another loop."""
+        self.unwatch()
+        for driver in list(self.drivers):
+            if dialect == "sqlite":
+                # An aiosqlite connection is a thread: any loop can ask it to close (a
+                # thread that died with its loop closed mid-call never answers).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(driver.close(), timeout)
+            else:
+                _close_socket(driver)
+        # The pool holds only closed connections now; nothing else to release.
+        self.engine.sync_engine.dispose(close=False)
+
+
+async def _aclose_all(ended: Sequence[_LoopEngine], dialect: str, timeout: float) -> None:
+    for held in ended:
+        await held.aclose(dialect, timeout)
+
+
+def _close_socket(driver: Any) -> None:
+    """Close an aiomysql connection whose loop will not run again, without the loop.
+
+    The server frees the connection as soon as the socket is shut down; the loop's
+    transport cannot close it (a closed loop refuses the callback: "Event loop is
+    closed"), so its file is closed when the transport is collected.
+    """
+    writer = getattr(driver, "_writer", None)  # aiomysql has no public transport
+    sock = writer.transport.get_extra_info("socket") if writer is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(RuntimeError):  # the closed loop refuses the callback
+        driver.close()
+
+
 def _encode(message: BaseMessage) -> list[str]:
     payload = exact_json(message_to_dict(message), stand_ins=True)
     return [payload[i : i + CHUNK_CHARS] for i in range(0, len(payload), CHUNK_CHARS)] or [""]
@@ -436,9 +504,8 @@ class MySQLBackup(Lifecycle):
         self.metadata = MetaData()
         self.tables = build_tables(self.metadata, table_name)
         self.table, self.parts_table = self.tables.messages, self.tables.parts
-        self._async_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
-            weakref.WeakKeyDictionary()
-        )
+        # The async engine of each loop that used the archive, until the loop ends.
+        self._async_engines: dict[asyncio.AbstractEventLoop, _LoopEngine] = {}
         self._async_lock = threading.Lock()
         # (weak hook, key of the recorded store it erases or None, what it is).
         self._forget_hooks: list[tuple[Callable[[], ForgetHook | None], str | None, str]] = []
@@ -476,7 +543,7 @@ class MySQLBackup(Lifecycle):
         self._guard(lambda: metadata.create_all(engine, checkfirst=True))
         self._guard(lambda: ensure_columns(engine, metadata.sorted_tables))
 
-    @contextmanager
+    @contextlib.contextmanager
     def _schema_lock(self) -> Iterator[None]:
         """Hold the database's schema lock: processes starting at once create tables in turn.
 
@@ -520,20 +587,81 @@ class MySQLBackup(Lifecycle):
 
         Pooled async connections belong to the loop that opened them, so each loop
         gets its own engine: ``aiosqlite`` for SQLite, ``aiomysql`` (PyMySQL
-        underneath) for MySQL.
+        underneath) for MySQL. Its connections are closed when the loop ends
+        (``asyncio.run`` returns, or ``loop.shutdown_asyncgens()``); those of a loop
+        closed without that, or left behind by its ended thread, by the next async
+        call or :meth:`dispose`.
         """
         loop = asyncio.get_running_loop()
         with self._async_lock:
-            engine = self._async_engines.get(loop)
-            if engine is None:
-                engine = create_async_engine(
-                    _async_url(self.url),
-                    **_engine_defaults(self.url, asynchronous=True, timeout=self.timeout),
-                )
-                if self.dialect == "sqlite":
-                    _configure_sqlite(engine.sync_engine, self.timeout)
-                self._async_engines[loop] = engine
-            return engine
+            held = self._async_engines.get(loop)
+            if held is not None:
+                return held.engine
+            engine = create_async_engine(
+                _async_url(self.url),
+                **_engine_defaults(self.url, asynchronous=True, timeout=self.timeout),
+            )
+            if self.dialect == "sqlite":
+                _configure_sqlite(engine.sync_engine, self.timeout)
+            held = self._async_engines[loop] = _LoopEngine(engine, threading.current_thread())
+        event.listen(engine.sync_engine, "connect", held.opened)
+        held.watch(self._until_loop_ends(loop, held))
+        return engine
+
+    async def _until_loop_ends(
+        self, loop: asyncio.AbstractEventLoop, held: _LoopEngine
+    ) -> AsyncGenerator[None, None]:
+        """Closes ``held``'s connections when ``loop`` shuts down its async generators.
+
+        That is the last thing a loop runs (``asyncio.run``, ``asyncio.Runner``,
+        pytest-asyncio): its connections can still say goodbye to the server.
+        """
+        try:
+            yield
+        finally:
+            if self._release(loop, held):  # not already released (adispose, a sweep)
+                await held.engine.dispose()
+
+    def _release(self, loop: asyncio.AbstractEventLoop, held: _LoopEngine) -> bool:
+        """Take ``loop``'s engine off the archive if it is still ``held``."""
+        with self._async_lock:
+            if self._async_engines.get(loop) is not held:
+                return False
+            del self._async_engines[loop]
+            return True
+
+    def _ended_loops(self) -> list[_LoopEngine]:
+        """Take off the engines of loops that can no longer end on their own.
+
+        A loop closed without shutting down its async generators, or not running
+        while the thread that used it has ended: no one will run it again to close
+        its connections (each would hold a server connection, a SQLite thread).
+        """
+        with self._async_lock:
+            ended = [
+                loop
+                for loop, held in self._async_engines.items()
+                if loop.is_closed() or (not loop.is_running() and not held.thread.is_alive())
+            ]
+            return [self._async_engines.pop(loop) for loop in ended]
+
+    async def _aclose_ended_loops(self) -> None:
+        for held in self._ended_loops():
+            await held.aclose(self.dialect, self.timeout)
+
+    def _close_ended_loops(self) -> None:
+        ended = self._ended_loops()
+        if ended:
+            # aiosqlite connections are closed through an event loop: a fresh one,
+            # in a thread of its own (this thread may be running another).
+            done = threading.Thread(
+                target=asyncio.run,
+                args=(_aclose_all(ended, self.dialect, self.timeout),),
+                name="tiered-memory-close-loops",
+                daemon=True,
+            )
+            done.start()
+            done.join(self.timeout * len(ended))
 
     def _options(self, write: bool, read_only: bool) -> dict[str, Any]:
         if self.dialect == "sqlite":
@@ -597,6 +725,7 @@ class MySQLBackup(Lifecycle):
         # SQLite waits only for locks, bounded by its busy timeout; and a statement
         # cut off in aiosqlite's thread would run on after the call had failed.
         deadline = asyncio.timeout(None if self.dialect == "sqlite" else self.timeout)
+        await self._aclose_ended_loops()
         engine = self.async_engine()
         errors = _database_errors(engine.sync_engine)
         try:
@@ -1466,7 +1595,8 @@ class MySQLBackup(Lifecycle):
         return await self.arun(plan, read_only=True)
 
     def dispose(self) -> None:
-        """Close the sync engine's pooled connections."""
+        """Close the sync engine's pooled connections, and those of ended event loops."""
+        self._close_ended_loops()
         self.engine.dispose()
 
     def shutdown(self) -> None:
@@ -1482,11 +1612,16 @@ class MySQLBackup(Lifecycle):
         self.dispose()
 
     async def adispose(self) -> None:
-        """Close the running loop's async engine and its pooled connections."""
+        """Close the running loop's async engine and its pooled connections.
+
+        Those of ended loops (see :meth:`async_engine`) are closed too.
+        """
+        await self._aclose_ended_loops()
         with self._async_lock:
-            engine = self._async_engines.pop(asyncio.get_running_loop(), None)
-        if engine is not None:
-            await engine.dispose()
+            held = self._async_engines.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            held.unwatch()
+            await held.engine.dispose()
 
 
 @dataclass(frozen=True)
