@@ -36,6 +36,7 @@ from langchain_tiered_memory import (
     MySQLBackup,
     SessionFileArchive,
     TieredChatMessageHistory,
+    TieredStore,
 )
 from langchain_tiered_memory.storage.archive import render_url, validate_table_name
 
@@ -831,3 +832,32 @@ def test_keys_json_writes_alike_all_keep_their_values(backup: MySQLBackup, tmp_p
         [rows] = archive.get_messages("s1")[-1].artifact["rows"]
         assert sorted(rows.values()) == sorted(artifact.values())  # no value lost
         assert rows["1"] == "row one (str key)" and rows["null"] == "text"
+
+
+def test_an_in_memory_archive_is_one_database_for_every_thread() -> None:
+    """MySQLBackup("sqlite://") gave each thread its own empty database: a store or a
+    history used from a worker thread (LangGraph runs sync tools in one) saw nothing,
+    or failed with "no such table"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backup = MySQLBackup("sqlite://")
+    store = TieredStore(backup)
+    backup.add_messages("s1", [HumanMessage("q"), AIMessage("a")], user_id="u")
+    store.put(("users", "u"), "tea", {"text": "likes oolong"})
+
+    def write(n: int) -> None:
+        for i in range(20):
+            backup.add_messages(f"t{n}", [HumanMessage(f"{n}-{i}"), AIMessage("ok")], user_id="u")
+            store.put(("users", "u"), f"k{n}-{i}", {"n": i})
+
+    with ThreadPoolExecutor(4) as pool:
+        assert pool.submit(backup.get_messages, "s1").result() == backup.get_messages("s1")
+        item = pool.submit(store.get, ("users", "u"), "tea").result()
+        assert item is not None and item.value == {"text": "likes oolong"}
+        list(pool.map(write, range(4)))  # threads at once: no transaction mixes with another
+    for n in range(4):
+        assert [m.content for m in backup.get_messages(f"t{n}")[::2]] == [
+            f"{n}-{i}" for i in range(20)
+        ]
+    assert len(store.search(("users", "u"), limit=100)) == 81
+    backup.dispose()

@@ -18,6 +18,7 @@ from langchain_tiered_memory.storage.archive import (
     check_supported,
     default_home,
     default_url,
+    in_memory,
 )
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Store:
     def sqlite_path(self) -> Path | None:
         """The archive's file when it is a SQLite one (``None`` for a server)."""
         parsed = check_supported(make_url(self.archive_url))
-        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        if parsed.get_backend_name() != "sqlite" or in_memory(parsed) or not parsed.database:
             return None
         return Path(parsed.database)
 

@@ -39,6 +39,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     MetaData,
+    StaticPool,
     bindparam,
     create_engine,
     delete,
@@ -499,6 +500,12 @@ class MySQLBackup(Lifecycle):
             )
         self.url: URL = self.engine.url
         self.dialect = self.engine.dialect.name
+        # An in-memory SQLite database is one connection shared by every thread:
+        # one plan at a time on it, or one thread's statements join another's
+        # transaction.
+        self._serial: contextlib.AbstractContextManager[Any] = (
+            threading.RLock() if in_memory(self.url) else contextlib.nullcontext()
+        )
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine, self.timeout)
         self.metadata = MetaData()
@@ -540,8 +547,9 @@ class MySQLBackup(Lifecycle):
         engine = self.engine
         if self.dialect == "sqlite":
             engine = engine.execution_options(**self._options(write=True, read_only=False))
-        self._guard(lambda: metadata.create_all(engine, checkfirst=True))
-        self._guard(lambda: ensure_columns(engine, metadata.sorted_tables))
+        with self._serial:
+            self._guard(lambda: metadata.create_all(engine, checkfirst=True))
+            self._guard(lambda: ensure_columns(engine, metadata.sorted_tables))
 
     @contextlib.contextmanager
     def _schema_lock(self) -> Iterator[None]:
@@ -700,7 +708,8 @@ class MySQLBackup(Lifecycle):
         attempt = 0
         while True:
             try:
-                return _run_sync(self.engine, _fresh(plan), options, read_only, write)
+                with self._serial:
+                    return _run_sync(self.engine, _fresh(plan), options, read_only, write)
             except _database_errors(self.engine) as exc:
                 delay = _rerun_delay(plan, exc, attempt)
                 if delay is None:
@@ -1865,6 +1874,11 @@ def _engine_defaults(
             connect_args.update(connect_timeout=wait, read_timeout=wait, write_timeout=wait)
     if url.get_backend_name() == "sqlite":
         connect_args["timeout"] = timeout
+        if in_memory(url) and not asynchronous:
+            # One database for every thread (SQLAlchemy's default gives each thread
+            # its own, empty one); MySQLBackup runs one plan at a time on it.
+            kwargs["poolclass"] = StaticPool
+            connect_args["check_same_thread"] = False
     extra = dict(extra or {})
     connect_args.update(extra.pop("connect_args", None) or {})
     kwargs.update(extra)
@@ -1873,13 +1887,18 @@ def _engine_defaults(
     return kwargs
 
 
+def in_memory(url: URL) -> bool:
+    """Whether ``url`` is an in-memory SQLite database (``sqlite://``, ``:memory:``)."""
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
 def _async_url(url: URL) -> URL:
     backend = url.get_backend_name()
     driver = _ASYNC_DRIVERS.get(backend)
     if driver is None:
         msg = f"no async driver is known for {backend!r}; use the sync methods"
         raise NotImplementedError(msg)
-    if backend == "sqlite" and url.database in (None, "", ":memory:"):
+    if in_memory(url):
         msg = "an in-memory SQLite archive cannot be shared with async methods; use a file"
         raise ValueError(msg)
     return url.set(drivername=f"{backend}+{driver}")
