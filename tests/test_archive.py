@@ -40,7 +40,7 @@ from langchain_tiered_memory import (
 )
 from langchain_tiered_memory.storage.archive import render_url, validate_table_name
 
-from .conftest import MYSQL_URL, require_mysql
+from .conftest import MYSQL_URL, _drop, require_mysql
 
 EVERY_KIND = [
     SystemMessage("你是一个 ERP 助手。", id="sys-1"),
@@ -861,3 +861,21 @@ def test_an_in_memory_archive_is_one_database_for_every_thread() -> None:
         ]
     assert len(store.search(("users", "u"), limit=100)) == 81
     backup.dispose()
+
+
+def test_an_archive_of_a_one_connection_pool_opens_on_mysql(table_name: str) -> None:
+    """Table creation held a pooled connection for MySQL's schema lock and asked the
+    same pool for another: a pool of one connection never opened (QueuePool limit)."""
+    require_mysql()
+    kwargs = {"pool_size": 1, "max_overflow": 0, "pool_timeout": 5}
+    backup = MySQLBackup(MYSQL_URL, table_name=table_name, engine_kwargs=kwargs)
+    try:
+        store = TieredStore(backup)
+        backup.add_messages("s1", [HumanMessage("q"), AIMessage("a")])
+        store.put(("ns",), "k", {"v": 1})
+        again = MySQLBackup(MYSQL_URL, table_name=table_name, engine_kwargs=kwargs)
+        assert [m.content for m in again.get_messages("s1")] == ["q", "a"]
+        again.dispose()
+        store.metadata.drop_all(backup.engine)
+    finally:
+        _drop(backup)

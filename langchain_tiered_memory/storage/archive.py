@@ -564,7 +564,12 @@ class MySQLBackup(Lifecycle):
             return
         digest = hashlib.sha256((self.url.database or "").encode()).hexdigest()[:16]
         name = f"langchain_tiered_memory.schema.{digest}"  # at most 64 characters
-        with self._guard(self.engine.connect) as connection:
+        # A connection of its own, beside the pool (same creator and settings): the
+        # tables are created through the pool, which may hold a single connection.
+        beside = create_engine(self.url, pool=self.engine.pool.recreate())
+        with contextlib.ExitStack() as stack:
+            stack.callback(beside.dispose)
+            connection = stack.enter_context(self._guard(beside.connect))
             got = self._guard(
                 lambda: connection.execute(
                     text("SELECT GET_LOCK(:name, :seconds)"),
