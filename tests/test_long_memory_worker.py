@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -462,6 +464,54 @@ def test_an_embedding_api_that_does_not_answer_is_an_outage_counted_against_no_j
     memory.embedding = HashEmbeddings()  # the service is back
     assert memory.run_pending() == 2
     assert len(catalog(backup)) == 2
+
+
+class BusyEmbeddings(HashEmbeddings):
+    """An embedding API over real HTTP that answers 429, then 503, then embeds."""
+
+    def __init__(self, busy: list[int]) -> None:
+        statuses = list(busy)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(statuses.pop(0) if statuses else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        port = self.server.server_address[1]
+        httpx.post(f"http://127.0.0.1:{port}/embed", json=texts, timeout=5).raise_for_status()
+        return super().embed_documents(texts)
+
+
+def test_an_embedding_api_that_is_rate_limited_or_failing_is_an_outage_counted_against_no_job(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """A 429 or a 503 counted as the job's failure: three of them and a good extraction
+    was thrown away each time, then the turn stored raw."""
+    extractor = FakeExtractor()
+    embedding = BusyEmbeddings([429, 503, 500, 429])
+    memory = make_memory(embedding=embedding, extractor=extractor, retry_base_delay=0)
+    say(history(backup, memory, "a", "u"), "my IBAN is DE89 3704", "Noted.")
+    say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
+    for _ in range(4):
+        with pytest.raises(httpx.HTTPStatusError):
+            memory.run_pending()
+        assert [job.attempts for job in job_rows(backup)] == [0, 0]
+    assert memory.run_pending() == 2
+    rows = catalog(backup)
+    assert sorted((row.kind, row.text) for row in rows) == [
+        ("extracted", "Summary: my IBAN is DE89 3704"),
+        ("extracted", "Summary: my cat is Tom"),
+    ]
+    embedding.server.shutdown()
 
 
 def test_a_memory_that_keeps_absorbing_repeated_turns_outgrows_64_kb(

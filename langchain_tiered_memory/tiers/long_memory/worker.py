@@ -82,8 +82,20 @@ UNREADABLE_PARK = 60.0
 #: reach its service: httpx's (Chroma's ``HttpClient``), requests', and those of hosted
 #: model APIs (``openai.APIConnectionError`` and its ``APITimeoutError``).
 _UNREACHABLE = frozenset(
-    {"ConnectionError", "TimeoutError", "Timeout", "TransportError", "APIConnectionError"}
+    {
+        "ConnectionError",
+        "TimeoutError",
+        "Timeout",
+        "TransportError",
+        "APIConnectionError",
+        "RateLimitError",
+        "ServiceUnavailableError",
+    }
 )
+#: HTTP statuses of a service too busy to answer now (a timeout, too early, rate
+#: limited); any 5xx is the service's failure too. A 4xx other than these refuses
+#: the request itself: the job's.
+_BUSY = frozenset({408, 425, 429})
 #: What chromadb's ``HttpClient`` raises (as a ``ValueError``) when no server answers.
 _NO_CHROMA_SERVER = "Could not connect to a Chroma server"
 #: Earlier ends of a turn whose raw memory is looked up when the turn grows.
@@ -123,13 +135,28 @@ def _days(turn: Sequence[TurnRow]) -> set[date]:
     return {turn[0].created_at.date(), turn_time(turn).date()}
 
 
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status an API client's error carries, if any.
+
+    Its ``status_code`` or ``status``, or its ``response``'s: as httpx, requests,
+    aiohttp and the OpenAI client put it.
+    """
+    for holder in (error, getattr(error, "response", None)):
+        for name in ("status_code", "status"):
+            value = getattr(holder, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether a failure is a service's outage rather than the job's own.
 
     The archive unreachable (:class:`ArchiveUnavailableError`, not a refusal of the
     data), a Chroma server or a hosted embedding API that does not answer (its
-    client's connection or timeout error, or the cause of the error raised): the
-    batch is claimed again later and no attempt is counted. Anything else (a text
+    client's connection or timeout error, or the cause of the error raised), or
+    answers that it is busy or failing (rate limited: 429; 408, 425 or any 5xx):
+    the batch is claimed again later and no attempt is counted. Anything else (a text
     an embedding refuses, a value the database refuses) is the job's.
     """
     seen: set[int] = set()
@@ -139,6 +166,9 @@ def is_outage(exc: BaseException) -> bool:
         if isinstance(error, ArchiveUnavailableError):
             return True
         if {cls.__name__ for cls in type(error).__mro__} & _UNREACHABLE:
+            return True
+        status = http_status(error)
+        if status is not None and (status in _BUSY or status >= 500):
             return True
         if isinstance(error, ValueError) and str(error).startswith(_NO_CHROMA_SERVER):
             return True
