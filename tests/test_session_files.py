@@ -594,6 +594,11 @@ def test_files_of_the_old_layout_are_read_as_their_messages_and_put_right(tmp_pa
     ]
     assert [str(m.content) for m in files.get_messages("s1")] == ["q1", "a1"]
     assert not files.paths("s2")[1].exists()  # a meta file of no session: gone
+    # Put right on opening, not at the session's next write: the copy says 2.
+    opened = read_json(files.paths("s1")[0])
+    opened.pop("messages")
+    assert read_json(files.paths("s1")[1]) == opened
+    assert opened["message_count"] == 2 and opened["user_id"] == "alice"
     files.add_messages("s2", [HumanMessage("hi")], user_id="bob")  # nobody's session
     with pytest.raises(SessionOwnershipError):
         files.add_messages("s1", [HumanMessage("mine")], user_id="bob")

@@ -64,6 +64,10 @@ TMP_FILE = re.compile(r"\..+\.\d+\.\d+\.tmp")
 _SESSION_FILE = re.compile(r"(?P<name>.+-[0-9a-f]{12})(?P<meta>\.meta)?\.json")
 _SESSION_TMP = re.compile(r"\.(?P<name>.+-[0-9a-f]{12})(?:\.meta)?\.json\.\d+\.\d+\.tmp")
 
+#: What the lock file holds once every session file of the folder holds its fields
+#: (see ``SessionFileArchive._upgrade``); older versions left it empty.
+LAYOUT_MARK = "layout 2\n"
+
 # The session's fields, in the order they open ``{session}.json`` (and fill the meta file).
 _FIELDS = ("session_id", "user_id", "users", "created_at", "last_active", "message_count")
 _FIELDS_END = b', "messages": '  # where the fields end: a quote inside a JSON string is \"
@@ -351,6 +355,14 @@ class SessionFileArchive(InlineAsyncArchive):
                 other = f"{found['name']}{'' if found['meta'] else '.meta'}.json"
                 if other not in names:
                     check.add(found["name"])
+        lock = self.root / ".lock"
+        if lock.read_text(encoding="utf-8") != LAYOUT_MARK:
+            self._upgrade(names)
+            # Written in place, under its own lock: replacing the file would leave
+            # other processes locking the old one.
+            with open(lock, "r+", encoding="utf-8") as handle:
+                handle.write(LAYOUT_MARK)
+                handle.truncate()
         for name in check:
             path, meta_path = self.root / f"{name}.json", self.root / f"{name}.meta.json"
             loaded = _load(path, messages=False)
@@ -364,6 +376,29 @@ class SessionFileArchive(InlineAsyncArchive):
             except FileNotFoundError:
                 pass
             atomic_write(meta_path, text)
+
+    def _upgrade(self, names: set[str]) -> None:
+        """Rewrite the session files of older versions (messages only) with their fields.
+
+        Once per folder (then the lock file holds :data:`LAYOUT_MARK`): those
+        versions wrote the meta file first, so a kill could leave it ahead of its
+        session, and only a whole read tells such a file. A kill midway leaves the
+        mark unwritten, and the next opening goes on (a file already rewritten is
+        passed over).
+        """
+        for name in sorted(names):
+            found = _SESSION_FILE.fullmatch(name)
+            if found is None or found["meta"]:
+                continue
+            try:
+                data = json.loads((self.root / name).read_bytes())
+            except FileNotFoundError:
+                continue
+            if "message_count" in data:
+                continue  # written by this version
+            loaded = _load(self.root / name)
+            if loaded is not None and self.paths(data["session_id"])[0].name == name:
+                self._commit(data["session_id"], *loaded)
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every message of the session, oldest first (``user_id``: :meth:`check_owner`)."""
