@@ -8,6 +8,7 @@ import datetime
 import gc
 import shutil
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import uvloop
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -226,14 +228,23 @@ def test_a_read_sees_the_session_before_or_after_a_clear_never_half(
 
 # -- event loops come and go ---------------------------------------------------
 
-LOOP_KINDS = ["asyncio.run", "asyncio.run in a thread", "closed loop", "abandoned loop"]
+LOOP_KINDS = [
+    "asyncio.run",
+    "asyncio.run in a thread",
+    "closed loop",
+    "abandoned loop",
+    "dropped loop",
+    "closed uvloop",
+]
 
 
 def _run_on_a_new_loop(kind: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
     """Run ``work`` once on a loop of its own, ended as ``kind`` says."""
 
-    def by_hand(close: bool) -> None:
-        loop = asyncio.new_event_loop()
+    def by_hand(
+        close: bool, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    ) -> None:
+        loop = new_loop()
         loop.run_until_complete(work())
         if close:  # closed without loop.shutdown_asyncgens()
             loop.close()
@@ -241,10 +252,14 @@ def _run_on_a_new_loop(kind: str, work: Callable[[], Coroutine[Any, Any, Any]]) 
     if kind == "asyncio.run":
         asyncio.run(work())
         return
+    if kind == "dropped loop":  # this thread's, never closed nor run again
+        by_hand(close=False)
+        return
     target = {
         "asyncio.run in a thread": lambda: asyncio.run(work()),
         "closed loop": lambda: by_hand(close=True),
         "abandoned loop": lambda: by_hand(close=False),  # its thread ends, it stays open
+        "closed uvloop": lambda: by_hand(close=True, new_loop=uvloop.new_event_loop),
     }[kind]
     thread = threading.Thread(target=target)
     thread.start()
@@ -311,6 +326,47 @@ def test_the_connections_of_an_event_loop_are_closed_once_it_ends(
         _drop_all(backup)
         if database == "mysql":
             server.dispose()
+
+
+def test_a_loop_closed_in_the_middle_of_a_call_holds_up_no_later_call(
+    tmp_path: Path, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiosqlite's thread dies with a loop closed mid-call; closing its connection
+    from the next call's loop then waited for good (asyncio.run never returned)."""
+    died: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    path = tmp_path / "mid.sqlite3"
+    backup = MySQLBackup(f"sqlite:///{path}", table_name=table_name, timeout=5)
+    blocker = sqlite3.connect(path)
+    blocker.execute("BEGIN IMMEDIATE")  # the call waits for the write lock
+
+    def stopped_mid_call() -> None:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(backup.aadd_messages("s", [HumanMessage("lost")]))
+        loop.call_later(0.5, loop.stop)
+        loop.run_forever()
+        assert not task.done()  # stopped in the middle of the call
+        loop.close()
+
+    first = threading.Thread(target=stopped_mid_call)
+    first.start()
+    first.join(30)
+    blocker.rollback()
+    blocker.close()
+    assert _wait_until(lambda: len(died) == 1)  # "Event loop is closed", in aiosqlite
+    read: list[list[BaseMessage]] = []
+    later = threading.Thread(
+        target=lambda: read.append(asyncio.run(backup.aget_messages("s"))), daemon=True
+    )
+    later.start()
+    later.join(60)
+    assert not later.is_alive(), "the next async call never returned"
+    assert read == [[]]
+    started = time.monotonic()
+    backup.dispose()
+    assert time.monotonic() - started < 10
+    backup.add_messages("s", [HumanMessage("next")])  # the dead call's lock is gone
+    _drop_all(backup)
 
 
 async def test_a_long_lived_loop_keeps_its_connection(backup: MySQLBackup) -> None:

@@ -365,11 +365,10 @@ async def _run_async(
 
 
 class _LoopEngine:
-    """The async engine of one event loop, the thread that ran it, its connections."""
+    """The async engine of one event loop, and its connections."""
 
-    def __init__(self, engine: AsyncEngine, thread: threading.Thread) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.thread = thread
         # The driver's connections (aiomysql, aiosqlite), to close them without the loop.
         self.drivers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.guard: AsyncGenerator[None, None] | None = None
@@ -400,10 +399,18 @@ class _LoopEngine:
         self.unwatch()
         for driver in list(self.drivers):
             if dialect == "sqlite":
-                # An aiosqlite connection is a thread: any loop can ask it to close (a
-                # thread that died with its loop closed mid-call never answers).
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(driver.close(), timeout)
+                # An aiosqlite connection is a thread: any loop can ask it to close. A
+                # thread that died with its loop closed mid-call never answers, and
+                # wait_for waits for its cancelled close too.
+                thread = getattr(driver, "_thread", None)  # aiosqlite: no public name
+                if thread is None or thread.is_alive():
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(driver.close(), timeout)
+                elif (orphan := getattr(driver, "_connection", None)) is not None:
+                    # Closed here (check_same_thread=False), or the write its call
+                    # had begun would hold the database's lock until collected.
+                    with contextlib.suppress(Exception):
+                        orphan.close()
             else:
                 _close_socket(driver)
         # The pool holds only closed connections now; nothing else to release.
@@ -425,8 +432,13 @@ def _close_socket(driver: Any) -> None:
     writer = getattr(driver, "_writer", None)  # aiomysql has no public transport
     sock = writer.transport.get_extra_info("socket") if writer is not None else None
     if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+        # Through a socket object of our own on the same connection: uvloop's
+        # transports give a stand-in whose shutdown() raises TypeError.
+        with (
+            contextlib.suppress(OSError, ValueError),
+            socket.socket(fileno=os.dup(sock.fileno())) as same,
+        ):
+            same.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(RuntimeError):  # the closed loop refuses the callback
         driver.close()
 
@@ -602,8 +614,8 @@ class MySQLBackup(Lifecycle):
         gets its own engine: ``aiosqlite`` for SQLite, ``aiomysql`` (PyMySQL
         underneath) for MySQL. Its connections are closed when the loop ends
         (``asyncio.run`` returns, or ``loop.shutdown_asyncgens()``); those of a loop
-        closed without that, or left behind by its ended thread, by the next async
-        call or :meth:`dispose`.
+        that is not running (closed without that, left by its thread, or dropped)
+        at the next async call from another loop, or :meth:`dispose`.
         """
         loop = asyncio.get_running_loop()
         with self._async_lock:
@@ -616,7 +628,7 @@ class MySQLBackup(Lifecycle):
             )
             if self.dialect == "sqlite":
                 _configure_sqlite(engine.sync_engine, self.timeout)
-            held = self._async_engines[loop] = _LoopEngine(engine, threading.current_thread())
+            held = self._async_engines[loop] = _LoopEngine(engine)
         event.listen(engine.sync_engine, "connect", held.opened)
         held.watch(self._until_loop_ends(loop, held))
         return engine
@@ -644,29 +656,29 @@ class MySQLBackup(Lifecycle):
             return True
 
     def _ended_loops(self) -> list[_LoopEngine]:
-        """Take off the engines of loops that can no longer end on their own.
+        """Take off the engines of every loop that is not running now.
 
-        A loop closed without shutting down its async generators, or not running
-        while the thread that used it has ended: no one will run it again to close
-        its connections (each would hold a server connection, a SQLite thread).
+        Called from another loop's call, or by :meth:`dispose`: a loop closed without
+        shutting down its async generators, one left by its ended thread, or one
+        dropped unclosed (``new_event_loop`` per request) would otherwise keep its
+        connections for good (a server connection, a SQLite thread each). A loop
+        that runs again gets a new engine.
         """
         with self._async_lock:
-            ended = [
-                loop
-                for loop, held in self._async_engines.items()
-                if loop.is_closed() or (not loop.is_running() and not held.thread.is_alive())
-            ]
+            ended = [loop for loop in self._async_engines if not loop.is_running()]
             return [self._async_engines.pop(loop) for loop in ended]
 
-    async def _aclose_ended_loops(self) -> None:
-        for held in self._ended_loops():
-            await held.aclose(self.dialect, self.timeout)
+    def _close_ended_loops(self, *, wait: bool = True) -> None:
+        """Close the connections of the loops :meth:`_ended_loops` takes off.
 
-    def _close_ended_loops(self) -> None:
+        In a thread of its own, on a fresh loop (aiosqlite closes through a loop,
+        and this thread may be running another), waited for at most ``timeout``
+        per loop, or not at all (``wait=False``: an async call goes on at once). A
+        close that never ends (an aiosqlite thread that died after it was asked)
+        holds up only that daemon thread.
+        """
         ended = self._ended_loops()
         if ended:
-            # aiosqlite connections are closed through an event loop: a fresh one,
-            # in a thread of its own (this thread may be running another).
             done = threading.Thread(
                 target=asyncio.run,
                 args=(_aclose_all(ended, self.dialect, self.timeout),),
@@ -674,7 +686,8 @@ class MySQLBackup(Lifecycle):
                 daemon=True,
             )
             done.start()
-            done.join(self.timeout * len(ended))
+            if wait:
+                done.join(self.timeout * len(ended))
 
     def _options(self, write: bool, read_only: bool) -> dict[str, Any]:
         if self.dialect == "sqlite":
@@ -739,7 +752,7 @@ class MySQLBackup(Lifecycle):
         # SQLite waits only for locks, bounded by its busy timeout; and a statement
         # cut off in aiosqlite's thread would run on after the call had failed.
         deadline = asyncio.timeout(None if self.dialect == "sqlite" else self.timeout)
-        await self._aclose_ended_loops()
+        self._close_ended_loops(wait=False)
         engine = self.async_engine()
         errors = _database_errors(engine.sync_engine)
         try:
@@ -1630,7 +1643,7 @@ class MySQLBackup(Lifecycle):
 
         Those of ended loops (see :meth:`async_engine`) are closed too.
         """
-        await self._aclose_ended_loops()
+        self._close_ended_loops(wait=False)
         with self._async_lock:
             held = self._async_engines.pop(asyncio.get_running_loop(), None)
         if held is not None:
@@ -1879,7 +1892,11 @@ def _engine_defaults(
             connect_args.update(connect_timeout=wait, read_timeout=wait, write_timeout=wait)
     if url.get_backend_name() == "sqlite":
         connect_args["timeout"] = timeout
-        if in_memory(url) and not asynchronous:
+        if asynchronous:
+            # aiosqlite uses a connection in its thread only; a connection whose
+            # thread died with its loop is closed from another (_LoopEngine.aclose).
+            connect_args["check_same_thread"] = False
+        elif in_memory(url):
             # One database for every thread (SQLAlchemy's default gives each thread
             # its own, empty one); MySQLBackup runs one plan at a time on it.
             kwargs["poolclass"] = StaticPool
