@@ -497,7 +497,7 @@ def test_an_embedding_api_that_is_rate_limited_or_failing_is_an_outage_counted_a
     """A 429 or a 503 counted as the job's failure: three of them and a good extraction
     was thrown away each time, then the turn stored raw."""
     extractor = FakeExtractor()
-    embedding = BusyEmbeddings([429, 503, 500, 429])
+    embedding = BusyEmbeddings([429, 503, 502, 504])
     memory = make_memory(embedding=embedding, extractor=extractor, retry_base_delay=0)
     say(history(backup, memory, "a", "u"), "my IBAN is DE89 3704", "Noted.")
     say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
@@ -512,6 +512,58 @@ def test_an_embedding_api_that_is_rate_limited_or_failing_is_an_outage_counted_a
         ("extracted", "Summary: my cat is Tom"),
     ]
     embedding.server.shutdown()
+
+
+class ServerError(Exception):
+    """An API client's error for an HTTP 500, as Ollama's ``ResponseError`` carries it."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class FailingServer(HashEmbeddings):
+    """Answers 500 to any text holding POISON (a text over its context), or to all when down."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if self.down:
+            raise ServerError("internal server error", 500)
+        if any("POISON" in text for text in texts):
+            raise ServerError("the input length exceeds the context length", 500)
+        return super().embed_documents(texts)
+
+
+def test_a_500_for_one_input_is_that_jobs_and_a_500_for_all_is_an_outage(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """Every 5xx counted as an outage: one text a server answered 500 to stalled every
+    session for good."""
+    embedding = FailingServer()
+    memory = make_memory(embedding=embedding)
+    say(history(backup, memory, "a", "u"), "POISON " * 50, "Noted.")
+    say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
+    memory.run_pending()
+    [job] = job_rows(backup)
+    assert_parked(job, "ServerError: the input length exceeds the context length")
+    assert [row.session_id for row in catalog(backup)] == ["b"]
+    # The server fails for every text: nobody's job is counted.
+    embedding.down = True
+    say(history(backup, memory, "c", "w"), "my dog is Rex", "Noted.")
+    say(history(backup, memory, "d", "x"), "my boat is blue", "Noted.")
+    for _ in range(3):
+        with pytest.raises(ServerError, match="internal server error"):
+            memory.run_pending()
+    assert sorted((j.session_id, j.attempts) for j in job_rows(backup)) == [
+        ("a", 1),
+        ("c", 0),
+        ("d", 0),
+    ]
+    embedding.down = False
+    assert memory.run_pending() == 2
+    assert sorted(row.session_id for row in catalog(backup)) == ["b", "c", "d"]
 
 
 def test_a_memory_that_keeps_absorbing_repeated_turns_outgrows_64_kb(

@@ -92,10 +92,11 @@ _UNREACHABLE = frozenset(
         "ServiceUnavailableError",
     }
 )
-#: HTTP statuses of a service too busy to answer now (a timeout, too early, rate
-#: limited); any 5xx is the service's failure too. A 4xx other than these refuses
-#: the request itself: the job's.
-_BUSY = frozenset({408, 425, 429})
+#: HTTP statuses of a service too busy or unreachable to answer now (a timeout, too
+#: early, rate limited, a gateway or the service down). Another 5xx may be the
+#: service failing or failing on one input (Ollama answers 500 to a text over its
+#: context): :func:`server_error`. Another 4xx refuses the request: the job's.
+_BUSY = frozenset({408, 425, 429, 502, 503, 504})
 #: What chromadb's ``HttpClient`` raises (as a ``ValueError``) when no server answers.
 _NO_CHROMA_SERVER = "Could not connect to a Chroma server"
 #: Earlier ends of a turn whose raw memory is looked up when the turn grows.
@@ -149,14 +150,27 @@ def http_status(error: BaseException) -> int | None:
     return None
 
 
+def server_error(exc: BaseException) -> bool:
+    """Whether a failure is a 5xx answer that may be the service's or one input's.
+
+    Told apart by the batch (``ExtractionWorker._store_each``): when no job of it
+    can be stored, the service is failing (counted against no job); when others
+    can, the input is the job's.
+    """
+    status = http_status(exc)
+    if status is None and exc.__cause__ is not None:
+        status = http_status(exc.__cause__)
+    return status is not None and status >= 500 and status not in _BUSY
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether a failure is a service's outage rather than the job's own.
 
     The archive unreachable (:class:`ArchiveUnavailableError`, not a refusal of the
     data), a Chroma server or a hosted embedding API that does not answer (its
     client's connection or timeout error, or the cause of the error raised), or
-    answers that it is busy or failing (rate limited: 429; 408, 425 or any 5xx):
-    the batch is claimed again later and no attempt is counted. Anything else (a text
+    answers that it is busy or down (429, 408, 425, 502, 503, 504): the batch is
+    claimed again later and no attempt is counted. Anything else (a text
     an embedding refuses, a value the database refuses) is the job's.
     """
     seen: set[int] = set()
@@ -167,8 +181,7 @@ def is_outage(exc: BaseException) -> bool:
             return True
         if {cls.__name__ for cls in type(error).__mro__} & _UNREACHABLE:
             return True
-        status = http_status(error)
-        if status is not None and (status in _BUSY or status >= 500):
+        if http_status(error) in _BUSY:
             return True
         if isinstance(error, ValueError) and str(error).startswith(_NO_CHROMA_SERVER):
             return True
@@ -655,6 +668,8 @@ class ExtractionWorker(QueueWorker):
             if is_outage(exc):
                 raise  # not the jobs' failure: the batch is claimed again later
             if len(fresh) + len(empty) == 1:
+                if server_error(exc):
+                    raise  # alone, a 5xx cannot tell its input from the service
                 self._park(fresh[0].job if fresh else empty[0], exc, "store the memory")
                 return 0
             logger.warning(
@@ -670,10 +685,14 @@ class ExtractionWorker(QueueWorker):
 
         The jobs of a session run in order: once one fails, the session's later
         jobs of the batch are given back to wait for it (as :meth:`_process` does).
+        A 5xx (:func:`server_error`) is the job's only if another job of the batch
+        was stored or failed otherwise; if every job got one, the service is failing
+        and none is counted.
         """
         items = [(m.job, m) for m in fresh] + [(job, None) for job in empty]
         failed_sessions: set[str] = set()
         waiting: list[Job] = []
+        failed: list[tuple[Job, Exception]] = []
         finished = 0
         for job, memory in sorted(items, key=lambda item: item[0].id):
             if job.session_id in failed_sessions:
@@ -685,7 +704,11 @@ class ExtractionWorker(QueueWorker):
                 if is_outage(exc):
                     raise
                 failed_sessions.add(job.session_id)
-                self._park(job, exc, "store the memory")
+                failed.append((job, exc))
+        if not finished and failed and all(server_error(error) for _, error in failed):
+            raise failed[0][1]  # the service fails: the batch is claimed again, uncounted
+        for job, error in failed:
+            self._park(job, error, "store the memory")
         self.queue.release(waiting)
         return finished
 
