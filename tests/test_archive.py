@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -894,8 +895,6 @@ def test_an_in_memory_archive_is_one_database_for_every_thread() -> None:
     """MySQLBackup("sqlite://") gave each thread its own empty database: a store or a
     history used from a worker thread (LangGraph runs sync tools in one) saw nothing,
     or failed with "no such table"."""
-    from concurrent.futures import ThreadPoolExecutor
-
     backup = MySQLBackup("sqlite://")
     store = TieredStore(backup)
     backup.add_messages("s1", [HumanMessage("q"), AIMessage("a")], user_id="u")
@@ -917,6 +916,23 @@ def test_an_in_memory_archive_is_one_database_for_every_thread() -> None:
         ]
     assert len(store.search(("users", "u"), limit=100)) == 81
     backup.dispose()
+
+
+def test_an_in_memory_engine_of_a_pool_per_thread_is_refused() -> None:
+    """MySQLBackup(create_engine("sqlite://")) gave each thread its own empty database."""
+    for engine in (
+        sa.create_engine("sqlite://"),
+        sa.create_engine("sqlite://", poolclass=sa.NullPool),
+    ):
+        with pytest.raises(ValueError, match="in-memory SQLite Engine needs StaticPool"):
+            MySQLBackup(engine)
+    shared = sa.create_engine(
+        "sqlite://", poolclass=sa.StaticPool, connect_args={"check_same_thread": False}
+    )
+    backup = MySQLBackup(shared)
+    backup.add_messages("s", [HumanMessage("hi")])
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(backup.get_messages, "s").result() == [HumanMessage("hi")]
 
 
 def test_an_archive_of_a_one_connection_pool_opens_on_mysql(table_name: str) -> None:

@@ -504,6 +504,13 @@ class MySQLBackup(Lifecycle):
                 default_home().mkdir(parents=True, exist_ok=True)
         if isinstance(url, Engine):
             check_supported(url.url, driver=False)
+            if in_memory(url.url) and not isinstance(url.pool, StaticPool):
+                msg = (
+                    f"an in-memory SQLite Engine needs StaticPool, not {type(url.pool).__name__}: "
+                    "otherwise each thread or connection has its own empty database; pass "
+                    "the URL 'sqlite://' and MySQLBackup sets it up"
+                )
+                raise ValueError(msg)
             self.engine = url
         else:
             parsed = _password_in_userinfo(check_supported(make_url(url)))
