@@ -553,6 +553,8 @@ def test_a_500_for_one_input_is_that_jobs_and_a_500_for_all_is_an_outage(
     embedding.down = True
     say(history(backup, memory, "c", "w"), "my dog is Rex", "Noted.")
     say(history(backup, memory, "d", "x"), "my boat is blue", "Noted.")
+    # A repeat is merged into its memory without asking the embedding: it tells nothing.
+    say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
     for _ in range(3):
         with pytest.raises(ServerError, match="internal server error"):
             memory.run_pending()

@@ -663,7 +663,7 @@ class ExtractionWorker(QueueWorker):
         fresh = [m for m in fresh if m.job.id in held]
         empty = [job for job in empty if job.id in held]
         try:
-            return self._write(fresh, empty)
+            return self._write(fresh, empty)[0]
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the jobs' failure: the batch is claimed again later
@@ -685,35 +685,43 @@ class ExtractionWorker(QueueWorker):
 
         The jobs of a session run in order: once one fails, the session's later
         jobs of the batch are given back to wait for it (as :meth:`_process` does).
-        A 5xx (:func:`server_error`) is the job's only if another job of the batch
-        was stored or failed otherwise; if every job got one, the service is failing
-        and none is counted.
+        A 5xx (:func:`server_error`) is the job's only if the embedding answered
+        another job of the batch or another job failed otherwise; if every job that
+        asked got one, the service is failing and none is counted.
         """
         items = [(m.job, m) for m in fresh] + [(job, None) for job in empty]
         failed_sessions: set[str] = set()
         waiting: list[Job] = []
         failed: list[tuple[Job, Exception]] = []
         finished = 0
+        answered = False  # the embedding answered a job of the batch
         for job, memory in sorted(items, key=lambda item: item[0].id):
             if job.session_id in failed_sessions:
                 waiting.append(job)
                 continue
             try:
-                finished += self._write([memory] if memory else [], [] if memory else [job])
+                done, embedded = self._write([memory] if memory else [], [] if memory else [job])
             except Exception as exc:
                 if is_outage(exc):
                     raise
                 failed_sessions.add(job.session_id)
                 failed.append((job, exc))
-        if not finished and failed and all(server_error(error) for _, error in failed):
+            else:
+                finished += done
+                answered = answered or embedded
+        if not answered and failed and all(server_error(error) for _, error in failed):
             raise failed[0][1]  # the service fails: the batch is claimed again, uncounted
         for job, error in failed:
             self._park(job, error, "store the memory")
         self.queue.release(waiting)
         return finished
 
-    def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> int:
-        """Dedupe, embed, index and commit memories of held jobs; how many jobs finished."""
+    def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> tuple[int, bool]:
+        """Dedupe, embed, index and commit memories of held jobs.
+
+        Returns:
+            How many jobs finished, and whether the embedding was asked (and answered).
+        """
         # Copies: dedupe rewrites ids and provenance, and a failed batch is placed again.
         fresh = [replace(memory) for memory in fresh]
         jobs = [m.job for m in fresh] + list(empty)
@@ -748,7 +756,7 @@ class ExtractionWorker(QueueWorker):
         self._settle_vectors(fresh, writes, refused)
         if provenance:
             self._refresh_provenance(list(provenance))
-        return len(jobs) - len(refused)
+        return len(jobs) - len(refused), bool(writes)
 
     def _restore_vectors(self, memory_ids: Sequence[str]) -> None:
         """Make the index agree with the catalog again after a commit that failed.
