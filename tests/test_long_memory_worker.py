@@ -523,49 +523,31 @@ class ServerError(Exception):
 
 
 class FailingServer(HashEmbeddings):
-    """Answers 500 to any text holding POISON (a text over its context), or to all when down."""
-
-    def __init__(self) -> None:
-        self.down = False
+    """Answers 500 to any text holding POISON (a text over its context)."""
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        if self.down:
-            raise ServerError("internal server error", 500)
         if any("POISON" in text for text in texts):
             raise ServerError("the input length exceeds the context length", 500)
         return super().embed_documents(texts)
 
 
-def test_a_500_for_one_input_is_that_jobs_and_a_500_for_all_is_an_outage(
-    make_memory: MakeMemory, backup: MySQLBackup
+@pytest.mark.parametrize("batch_size", [1, 10])
+@pytest.mark.parametrize("later", ["another session", "the same session"])
+def test_a_500_for_one_input_is_that_jobs_failure(
+    make_memory: MakeMemory, backup: MySQLBackup, batch_size: int, later: str
 ) -> None:
     """Every 5xx counted as an outage: one text a server answered 500 to stalled every
-    session for good."""
-    embedding = FailingServer()
-    memory = make_memory(embedding=embedding)
+    session for good (and a batch of one, or of one session, however it was told)."""
+    memory = make_memory(embedding=FailingServer(), batch_size=batch_size)
     say(history(backup, memory, "a", "u"), "POISON " * 50, "Noted.")
-    say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
+    session = "b" if later == "another session" else "a"
+    say(history(backup, memory, session, "u"), "my cat is Tom", "Noted.")
     memory.run_pending()
-    [job] = job_rows(backup)
-    assert_parked(job, "ServerError: the input length exceeds the context length")
-    assert [row.session_id for row in catalog(backup)] == ["b"]
-    # The server fails for every text: nobody's job is counted.
-    embedding.down = True
-    say(history(backup, memory, "c", "w"), "my dog is Rex", "Noted.")
-    say(history(backup, memory, "d", "x"), "my boat is blue", "Noted.")
-    # A repeat is merged into its memory without asking the embedding: it tells nothing.
-    say(history(backup, memory, "b", "v"), "my cat is Tom", "Noted.")
-    for _ in range(3):
-        with pytest.raises(ServerError, match="internal server error"):
-            memory.run_pending()
-    assert sorted((j.session_id, j.attempts) for j in job_rows(backup)) == [
-        ("a", 1),
-        ("c", 0),
-        ("d", 0),
-    ]
-    embedding.down = False
-    assert memory.run_pending() == 2
-    assert sorted(row.session_id for row in catalog(backup)) == ["b", "c", "d"]
+    poisoned = [job for job in job_rows(backup) if job.attempts]
+    assert len(poisoned) == 1 and poisoned[0].session_id == "a"
+    assert_parked(poisoned[0], "ServerError: the input length exceeds the context length")
+    stored = [row.session_id for row in catalog(backup)]
+    assert stored == (["b"] if later == "another session" else [])  # a's turn waits its turn
 
 
 def test_a_memory_that_keeps_absorbing_repeated_turns_outgrows_64_kb(

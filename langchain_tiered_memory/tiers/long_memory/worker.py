@@ -93,9 +93,9 @@ _UNREACHABLE = frozenset(
     }
 )
 #: HTTP statuses of a service too busy or unreachable to answer now (a timeout, too
-#: early, rate limited, a gateway or the service down). Another 5xx may be the
-#: service failing or failing on one input (Ollama answers 500 to a text over its
-#: context): :func:`server_error`. Another 4xx refuses the request: the job's.
+#: early, rate limited, a gateway or the service down). Any other status is the
+#: job's: a 500 may answer one input (Ollama's to a text over its context), and an
+#: outage counted against a job costs it an attempt, never its turn.
 _BUSY = frozenset({408, 425, 429, 502, 503, 504})
 #: What chromadb's ``HttpClient`` raises (as a ``ValueError``) when no server answers.
 _NO_CHROMA_SERVER = "Could not connect to a Chroma server"
@@ -148,19 +148,6 @@ def http_status(error: BaseException) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
     return None
-
-
-def server_error(exc: BaseException) -> bool:
-    """Whether a failure is a 5xx answer that may be the service's or one input's.
-
-    Told apart by the batch (``ExtractionWorker._store_each``): when no job of it
-    can be stored, the service is failing (counted against no job); when others
-    can, the input is the job's.
-    """
-    status = http_status(exc)
-    if status is None and exc.__cause__ is not None:
-        status = http_status(exc.__cause__)
-    return status is not None and status >= 500 and status not in _BUSY
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -663,13 +650,11 @@ class ExtractionWorker(QueueWorker):
         fresh = [m for m in fresh if m.job.id in held]
         empty = [job for job in empty if job.id in held]
         try:
-            return self._write(fresh, empty)[0]
+            return self._write(fresh, empty)
         except Exception as exc:
             if is_outage(exc):
                 raise  # not the jobs' failure: the batch is claimed again later
             if len(fresh) + len(empty) == 1:
-                if server_error(exc):
-                    raise  # alone, a 5xx cannot tell its input from the service
                 self._park(fresh[0].job if fresh else empty[0], exc, "store the memory")
                 return 0
             logger.warning(
@@ -685,43 +670,27 @@ class ExtractionWorker(QueueWorker):
 
         The jobs of a session run in order: once one fails, the session's later
         jobs of the batch are given back to wait for it (as :meth:`_process` does).
-        A 5xx (:func:`server_error`) is the job's only if the embedding answered
-        another job of the batch or another job failed otherwise; if every job that
-        asked got one, the service is failing and none is counted.
         """
         items = [(m.job, m) for m in fresh] + [(job, None) for job in empty]
         failed_sessions: set[str] = set()
         waiting: list[Job] = []
-        failed: list[tuple[Job, Exception]] = []
         finished = 0
-        answered = False  # the embedding answered a job of the batch
         for job, memory in sorted(items, key=lambda item: item[0].id):
             if job.session_id in failed_sessions:
                 waiting.append(job)
                 continue
             try:
-                done, embedded = self._write([memory] if memory else [], [] if memory else [job])
+                finished += self._write([memory] if memory else [], [] if memory else [job])
             except Exception as exc:
                 if is_outage(exc):
                     raise
                 failed_sessions.add(job.session_id)
-                failed.append((job, exc))
-            else:
-                finished += done
-                answered = answered or embedded
-        if not answered and failed and all(server_error(error) for _, error in failed):
-            raise failed[0][1]  # the service fails: the batch is claimed again, uncounted
-        for job, error in failed:
-            self._park(job, error, "store the memory")
+                self._park(job, exc, "store the memory")
         self.queue.release(waiting)
         return finished
 
-    def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> tuple[int, bool]:
-        """Dedupe, embed, index and commit memories of held jobs.
-
-        Returns:
-            How many jobs finished, and whether the embedding was asked (and answered).
-        """
+    def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> int:
+        """Dedupe, embed, index and commit memories of held jobs; how many jobs finished."""
         # Copies: dedupe rewrites ids and provenance, and a failed batch is placed again.
         fresh = [replace(memory) for memory in fresh]
         jobs = [m.job for m in fresh] + list(empty)
@@ -756,7 +725,7 @@ class ExtractionWorker(QueueWorker):
         self._settle_vectors(fresh, writes, refused)
         if provenance:
             self._refresh_provenance(list(provenance))
-        return len(jobs) - len(refused), bool(writes)
+        return len(jobs) - len(refused)
 
     def _restore_vectors(self, memory_ids: Sequence[str]) -> None:
         """Make the index agree with the catalog again after a commit that failed.
