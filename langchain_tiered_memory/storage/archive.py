@@ -365,10 +365,11 @@ async def _run_async(
 
 
 class _LoopEngine:
-    """The async engine of one event loop, and its connections."""
+    """The async engine of one event loop, the thread that ran it, its connections."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, thread: threading.Thread) -> None:
         self.engine = engine
+        self.thread = thread
         # The driver's connections (aiomysql, aiosqlite), to close them without the loop.
         self.drivers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.guard: AsyncGenerator[None, None] | None = None
@@ -504,11 +505,12 @@ class MySQLBackup(Lifecycle):
                 default_home().mkdir(parents=True, exist_ok=True)
         if isinstance(url, Engine):
             check_supported(url.url, driver=False)
-            if in_memory(url.url) and not isinstance(url.pool, StaticPool):
+            if in_memory(url.url) and not _shared_in_memory(url):
                 msg = (
-                    f"an in-memory SQLite Engine needs StaticPool, not {type(url.pool).__name__}: "
-                    "otherwise each thread or connection has its own empty database; pass "
-                    "the URL 'sqlite://' and MySQLBackup sets it up"
+                    "an in-memory SQLite Engine needs StaticPool and "
+                    "connect_args={'check_same_thread': False}: otherwise each thread has "
+                    "its own empty database, or none at all; pass the URL 'sqlite://' and "
+                    "MySQLBackup sets it up"
                 )
                 raise ValueError(msg)
             self.engine = url
@@ -621,8 +623,8 @@ class MySQLBackup(Lifecycle):
         gets its own engine: ``aiosqlite`` for SQLite, ``aiomysql`` (PyMySQL
         underneath) for MySQL. Its connections are closed when the loop ends
         (``asyncio.run`` returns, or ``loop.shutdown_asyncgens()``); those of a loop
-        that is not running (closed without that, left by its thread, or dropped)
-        at the next async call from another loop, or :meth:`dispose`.
+        closed without that, or left by its ended thread, at the next async call;
+        those of any loop not running (one dropped unclosed) at :meth:`dispose`.
         """
         loop = asyncio.get_running_loop()
         with self._async_lock:
@@ -635,7 +637,7 @@ class MySQLBackup(Lifecycle):
             )
             if self.dialect == "sqlite":
                 _configure_sqlite(engine.sync_engine, self.timeout)
-            held = self._async_engines[loop] = _LoopEngine(engine)
+            held = self._async_engines[loop] = _LoopEngine(engine, threading.current_thread())
         event.listen(engine.sync_engine, "connect", held.opened)
         held.watch(self._until_loop_ends(loop, held))
         return engine
@@ -662,20 +664,26 @@ class MySQLBackup(Lifecycle):
             del self._async_engines[loop]
             return True
 
-    def _ended_loops(self) -> list[_LoopEngine]:
-        """Take off the engines of every loop that is not running now.
+    def _ended_loops(self, *, idle: bool = False) -> list[_LoopEngine]:
+        """Take off the engines of loops that can no longer end on their own.
 
-        Called from another loop's call, or by :meth:`dispose`: a loop closed without
-        shutting down its async generators, one left by its ended thread, or one
-        dropped unclosed (``new_event_loop`` per request) would otherwise keep its
-        connections for good (a server connection, a SQLite thread each). A loop
-        that runs again gets a new engine.
+        A loop closed without shutting down its async generators, or not running
+        while the thread that used it has ended: no one will run it again to close
+        its connections (each would hold a server connection, a SQLite thread).
+        With ``idle`` (:meth:`dispose`), every loop not running: one dropped
+        unclosed looks like one paused between ``run_until_complete`` calls, whose
+        task may be in the middle of a query, so only a dispose takes it.
         """
         with self._async_lock:
-            ended = [loop for loop in self._async_engines if not loop.is_running()]
+            ended = [
+                loop
+                for loop, held in self._async_engines.items()
+                if loop.is_closed()
+                or (not loop.is_running() and (idle or not held.thread.is_alive()))
+            ]
             return [self._async_engines.pop(loop) for loop in ended]
 
-    def _close_ended_loops(self, *, wait: bool = True) -> None:
+    def _close_ended_loops(self, *, wait: bool = True, idle: bool = False) -> None:
         """Close the connections of the loops :meth:`_ended_loops` takes off.
 
         In a thread of its own, on a fresh loop (aiosqlite closes through a loop,
@@ -684,7 +692,7 @@ class MySQLBackup(Lifecycle):
         close that never ends (an aiosqlite thread that died after it was asked)
         holds up only that daemon thread.
         """
-        ended = self._ended_loops()
+        ended = self._ended_loops(idle=idle)
         if ended:
             done = threading.Thread(
                 target=asyncio.run,
@@ -1629,8 +1637,8 @@ class MySQLBackup(Lifecycle):
         return await self.arun(plan, read_only=True)
 
     def dispose(self) -> None:
-        """Close the sync engine's pooled connections, and those of ended event loops."""
-        self._close_ended_loops()
+        """Close the sync engine's pooled connections, and those of loops not running."""
+        self._close_ended_loops(idle=True)
         self.engine.dispose()
 
     def shutdown(self) -> None:
@@ -1917,8 +1925,43 @@ def _engine_defaults(
 
 
 def in_memory(url: URL) -> bool:
-    """Whether ``url`` is an in-memory SQLite database (``sqlite://``, ``:memory:``)."""
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+    """Whether ``url`` is an in-memory SQLite database.
+
+    ``sqlite://``, ``:memory:``, and the URI forms ``file::memory:`` and
+    ``file:name?mode=memory``.
+    """
+    if url.get_backend_name() != "sqlite":
+        return False
+    database = url.database or ""
+    if database in ("", ":memory:"):
+        return True
+    return database.startswith("file:") and (
+        database.startswith("file::memory:")
+        or url.query.get("mode") == "memory"
+        or "mode=memory" in database
+    )
+
+
+def _shared_in_memory(engine: Engine) -> bool:
+    """Whether an in-memory SQLite ``engine`` is one database every thread can use."""
+    if not isinstance(engine.pool, StaticPool):
+        return False
+    with engine.connect() as connection:  # opened in this thread
+        connection.exec_driver_sql("SELECT 1")
+    usable: list[bool] = []
+
+    def probe() -> None:  # from a thread that did not open the connection
+        try:
+            with engine.connect() as connection:
+                connection.exec_driver_sql("SELECT 1")
+            usable.append(True)
+        except SQLAlchemyError:
+            usable.append(False)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return usable == [True]
 
 
 def _async_url(url: URL) -> URL:
