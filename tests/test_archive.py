@@ -41,7 +41,7 @@ from langchain_tiered_memory import (
     TieredChatMessageHistory,
     TieredStore,
 )
-from langchain_tiered_memory.storage.archive import render_url, validate_table_name
+from langchain_tiered_memory.storage.archive import in_memory, render_url, validate_table_name
 
 from .conftest import MYSQL_URL, _drop, require_mysql
 
@@ -964,10 +964,12 @@ def test_an_in_memory_engine_of_a_pool_per_thread_is_refused() -> None:
     refused = [
         sa.create_engine("sqlite://"),
         sa.create_engine("sqlite://", poolclass=sa.NullPool),
-        sa.create_engine("sqlite://", poolclass=sa.StaticPool),  # one thread's connection
         sa.create_engine("sqlite:///file:x?mode=memory&uri=true", poolclass=sa.SingletonThreadPool),
         sa.create_engine("sqlite:///file::memory:?uri=true"),
     ]
+    # Without uri=true these name files: an archive like any other.
+    for name in ("file:mode=memory.db", "file:db?mode=memory"):
+        assert not in_memory(sa.make_url(f"sqlite:///{name}"))
     for engine in refused:
         with pytest.raises(ValueError, match="in-memory SQLite Engine needs StaticPool"):
             MySQLBackup(engine)

@@ -505,12 +505,14 @@ class MySQLBackup(Lifecycle):
                 default_home().mkdir(parents=True, exist_ok=True)
         if isinstance(url, Engine):
             check_supported(url.url, driver=False)
-            if in_memory(url.url) and not _shared_in_memory(url):
+            if in_memory(url.url) and not isinstance(url.pool, StaticPool):
+                # Not probed from another thread: a refused probe invalidates the one
+                # connection (the database with it) and rolls back its transaction.
                 msg = (
-                    "an in-memory SQLite Engine needs StaticPool and "
-                    "connect_args={'check_same_thread': False}: otherwise each thread has "
-                    "its own empty database, or none at all; pass the URL 'sqlite://' and "
-                    "MySQLBackup sets it up"
+                    f"an in-memory SQLite Engine needs StaticPool, not {type(url.pool).__name__} "
+                    "(and connect_args={'check_same_thread': False}): otherwise each thread "
+                    "has its own empty database, or none at all; pass the URL 'sqlite://' "
+                    "and MySQLBackup sets it up"
                 )
                 raise ValueError(msg)
             self.engine = url
@@ -1927,41 +1929,20 @@ def _engine_defaults(
 def in_memory(url: URL) -> bool:
     """Whether ``url`` is an in-memory SQLite database.
 
-    ``sqlite://``, ``:memory:``, and the URI forms ``file::memory:`` and
-    ``file:name?mode=memory``.
+    ``sqlite://``, ``:memory:``, and with ``uri=true`` the URI forms
+    ``file::memory:`` and ``file:name?mode=memory`` (without it, pysqlite opens
+    a file of that name).
     """
     if url.get_backend_name() != "sqlite":
         return False
     database = url.database or ""
     if database in ("", ":memory:"):
         return True
-    return database.startswith("file:") and (
-        database.startswith("file::memory:")
-        or url.query.get("mode") == "memory"
-        or "mode=memory" in database
+    return (
+        url.query.get("uri") == "true"
+        and database.startswith("file:")
+        and (database.startswith("file::memory:") or url.query.get("mode") == "memory")
     )
-
-
-def _shared_in_memory(engine: Engine) -> bool:
-    """Whether an in-memory SQLite ``engine`` is one database every thread can use."""
-    if not isinstance(engine.pool, StaticPool):
-        return False
-    with engine.connect() as connection:  # opened in this thread
-        connection.exec_driver_sql("SELECT 1")
-    usable: list[bool] = []
-
-    def probe() -> None:  # from a thread that did not open the connection
-        try:
-            with engine.connect() as connection:
-                connection.exec_driver_sql("SELECT 1")
-            usable.append(True)
-        except SQLAlchemyError:
-            usable.append(False)
-
-    thread = threading.Thread(target=probe)
-    thread.start()
-    thread.join()
-    return usable == [True]
 
 
 def _async_url(url: URL) -> URL:
