@@ -748,7 +748,7 @@ class MySQLBackup(Lifecycle):
             except _database_errors(self.engine) as exc:
                 delay = _rerun_delay(plan, exc, attempt)
                 if delay is None:
-                    raise self._unavailable(exc) from exc
+                    raise self._database_error(exc) from exc
             time.sleep(delay)
             attempt += 1
 
@@ -785,7 +785,7 @@ class MySQLBackup(Lifecycle):
                     await asyncio.sleep(delay)
                     attempt += 1
         except errors as exc:
-            raise self._unavailable(exc) from exc
+            raise self._database_error(exc) from exc
         except TimeoutError as exc:
             if not deadline.expired():
                 raise
@@ -796,9 +796,9 @@ class MySQLBackup(Lifecycle):
         try:
             return action()
         except _database_errors(self.engine) as exc:
-            raise self._unavailable(exc) from exc
+            raise self._database_error(exc) from exc
 
-    def _unavailable(self, exc: BaseException) -> ArchiveUnavailableError | ArchiveRefusedError:
+    def _database_error(self, exc: BaseException) -> ArchiveUnavailableError | ArchiveRefusedError:
         """The error to raise for a database error: a refusal of the data, else an outage."""
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         if {cls.__name__ for cls in type(exc).__mro__} & _REFUSALS:  # wrapped or the driver's

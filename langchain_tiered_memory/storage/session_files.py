@@ -163,6 +163,11 @@ def _load(path: Path, *, messages: bool = True) -> tuple[dict[str, Any], list[An
             data = json.loads(handle.read())
     except FileNotFoundError:
         return None
+    return _parsed(path, data)
+
+
+def _parsed(path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The fields and messages of the session file at ``path``, whose JSON is ``data``."""
     items = data["messages"]
     if "message_count" in data:
         return _fields(data, len(items)), items
@@ -396,9 +401,8 @@ class SessionFileArchive(InlineAsyncArchive):
                 continue
             if "message_count" in data:
                 continue  # written by this version
-            loaded = _load(self.root / name)
-            if loaded is not None and self.paths(data["session_id"])[0].name == name:
-                self._commit(data["session_id"], *loaded)
+            if self.paths(data["session_id"])[0].name == name:
+                self._commit(data["session_id"], *_parsed(self.root / name, data))
 
     def get_messages(self, session_id: str, *, user_id: str | None = None) -> list[BaseMessage]:
         """Every message of the session, oldest first (``user_id``: :meth:`check_owner`)."""

@@ -75,6 +75,15 @@ def is_damaged(exc: BaseException) -> bool:
     return type(exc).__name__ == "InternalError" and any(sign in str(exc) for sign in DAMAGE)
 
 
+#: How Chroma's ``HttpClient`` begins the ``ValueError`` it raises when no server answers.
+NO_SERVER = "Could not connect to a Chroma server"
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether Chroma's ``HttpClient`` failed because no server answers."""
+    return isinstance(exc, ValueError) and str(exc).startswith(NO_SERVER)
+
+
 def is_gone(exc: BaseException) -> bool:
     """Whether Chroma failed because the collection was deleted under this handle."""
     return type(exc).__name__ == "NotFoundError"

@@ -67,6 +67,7 @@ from langchain_tiered_memory.tiers.long_memory.catalog import (
     row_metadata,
     storable,
 )
+from langchain_tiered_memory.tiers.long_memory.chroma import is_unreachable
 from langchain_tiered_memory.tiers.long_memory.subjects import subject_of
 from langchain_tiered_memory.tiers.long_memory.vectors import VectorIndex
 
@@ -97,8 +98,6 @@ _UNREACHABLE = frozenset(
 #: job's: a 500 may answer one input (Ollama's to a text over its context), and an
 #: outage counted against a job costs it an attempt, never its turn.
 _BUSY = frozenset({408, 425, 429, 502, 503, 504})
-#: What chromadb's ``HttpClient`` raises (as a ``ValueError``) when no server answers.
-_NO_CHROMA_SERVER = "Could not connect to a Chroma server"
 #: Earlier ends of a turn whose raw memory is looked up when the turn grows.
 PREFIXES = 16
 # Numbers (signed, with separators: amounts, dates, times), words, and the symbols that
@@ -170,7 +169,7 @@ def is_outage(exc: BaseException) -> bool:
             return True
         if http_status(error) in _BUSY:
             return True
-        if isinstance(error, ValueError) and str(error).startswith(_NO_CHROMA_SERVER):
+        if is_unreachable(error):
             return True
         error = error.__cause__
     return False
