@@ -332,7 +332,7 @@ def test_an_add_that_raises_stores_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 
 _KILLED_WRITER = r"""
-import sys
+import os, sys
 from langchain_core.messages import HumanMessage
 from langchain_tiered_memory import SessionFileArchive
 
@@ -340,7 +340,7 @@ files = SessionFileArchive(sys.argv[1])
 pad = "填充 padding " * 200  # a file that takes a while to write
 for n in range(100_000):
     files.add_messages("crash", [HumanMessage(f"m{n} {pad}")])
-    print(f"ack {n}", flush=True)
+    os.write(1, f"ack {n}\n".encode())  # one write(2): a kill never cuts the line
 """
 
 
@@ -638,15 +638,17 @@ def op(files, i):
 for line in sys.stdin:
     root, start = line.split()
     pid = os.fork()
+    # One write(2) per line, atomic on a pipe: print() may write a line in two, and a
+    # kill between them joined "ack 205" to the next line, "ended 9".
     if pid == 0:
         files = SessionFileArchive(root)
-        print(f"writer {os.getpid()}", flush=True)
+        os.write(1, f"writer {os.getpid()}\n".encode())
         for i in range(int(start), 10**6):
             op(files, i)
-            print(f"ack {i}", flush=True)
+            os.write(1, f"ack {i}\n".encode())
         os._exit(0)
     _, status = os.waitpid(pid, 0)
-    print(f"ended {status}", flush=True)
+    os.write(1, f"ended {status}\n".encode())
 """
 
 _LOOP_READER = r"""
