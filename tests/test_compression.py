@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
@@ -117,9 +120,9 @@ def test_tool_schemas_and_system_prompt_count() -> None:
     messages = [
         big_system,
         HumanMessage("q1"),
-        AIMessage("a1"),
+        AIMessage("a1 " + "detail " * 100),  # long enough that a summary saves tokens
         HumanMessage("q2"),
-        AIMessage("a2"),
+        AIMessage("a2 " + "detail " * 100),
         HumanMessage("q3"),
         AIMessage("a3"),
     ]
@@ -253,6 +256,115 @@ def test_a_cut_inside_a_turn_keeps_the_question_that_opened_it() -> None:
     digest = compressed[1].additional_kwargs[SUMMARY_KEY]
     assert (digest["user"], digest["ai"], digest["tool"]) == (1, 3, 2)  # question not counted
     assert "earlier question" in compressed[1].content
+
+
+def _tool_round(call: str, words: int) -> list[BaseMessage]:
+    return [
+        AIMessage("", tool_calls=[{"name": "sql", "args": {"q": call}, "id": call}]),
+        ToolMessage("row " * words, tool_call_id=call, name="sql"),
+    ]
+
+
+@pytest.mark.parametrize("question_type", [HumanMessage, ChatMessage])
+@pytest.mark.parametrize("force_delete_threshold", [100_000, 2000])
+def test_a_turn_opened_by_several_questions_keeps_them_all(
+    question_type: type[BaseMessage], force_delete_threshold: int
+) -> None:
+    # A question whose model call failed, then the one asked after it: one turn, and
+    # the latest is the one to answer. Level 1 (cut inside the turn) and level 2
+    # (force-deleting inside it) keep both verbatim; a ChatMessage of role "user" is
+    # a user message as well.
+    def ask(text: str) -> BaseMessage:
+        return (
+            HumanMessage(text) if question_type is HumanMessage else ChatMessage(text, role="user")
+        )
+
+    questions = [ask("old question, left unanswered"), ask("LATEST: open invoices of 42?")]
+    messages = [*questions, *_tool_round("c1", 3000), *_tool_round("c2", 30)]
+    compressor = ContextCompressor(
+        compress_threshold=2000,
+        force_delete_threshold=force_delete_threshold,
+        error_threshold=100_000,
+        language="en",
+    )
+    compressed = compressor.compress(messages)
+    validate_conversation(compressed)
+    start = next(i for i, m in enumerate(compressed) if m is questions[0])
+    assert compressed[start : start + 2] == questions
+    assert compressed[-1] == messages[-1]
+    if force_delete_threshold == 2000:  # level 2 deleted the oldest tool round
+        assert compressor.measure(compressed) <= 2000
+        digest = compressed[0].additional_kwargs[SUMMARY_KEY]
+        assert digest["user"] == 0 and digest["dropped"] == 2
+    else:  # nothing before the question to fold: a summary would only add to it
+        assert compressed == messages
+
+
+def test_folding_short_messages_never_makes_the_prompt_larger() -> None:
+    # A summary has a size of its own: folding "hi"/"hello" would grow this prompt,
+    # which must then not be deleted from (level 2) or refused (level 3).
+    messages: list[BaseMessage] = [
+        HumanMessage("hi"),
+        AIMessage("hello"),
+        HumanMessage("What were the totals for customer 42 last month? " * 20),
+    ]
+    size = estimate_tokens(messages)
+    compressor = ContextCompressor(
+        compress_threshold=size - 1, force_delete_threshold=size, error_threshold=size
+    )
+    assert compressor.compress(messages) == messages
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[BaseMessage]:
+    """Turns opened by 1-3 questions (some ChatMessage "user"), with tool rounds of any size."""
+    sizes = st.sampled_from([1, 5, 40, 400, 3000])
+    messages: list[BaseMessage] = []
+    calls = 0
+    for turn in range(draw(st.integers(1, 5))):
+        for n in range(draw(st.integers(1, 3))):
+            text = f"question {turn}.{n} " + "word " * draw(sizes)
+            if draw(st.booleans()):
+                messages.append(HumanMessage(text))
+            else:
+                messages.append(ChatMessage(text, role="user"))
+        for _ in range(draw(st.integers(0, 3))):
+            calls += 1
+            messages += _tool_round(f"c{calls}", draw(sizes))
+        if draw(st.booleans()):
+            messages.append(AIMessage("answer " + "word " * draw(sizes)))
+    return messages
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    conversation=conversations(),
+    shares=st.lists(st.floats(0.05, 1.5), min_size=3, max_size=3).map(sorted),
+)
+def test_compression_never_grows_a_prompt_nor_loses_the_latest_question(
+    conversation: list[BaseMessage], shares: list[float]
+) -> None:
+    size = estimate_tokens(conversation)
+    compress, force, error = (max(1, int(size * share)) for share in shares)
+    compressor = ContextCompressor(
+        compress_threshold=compress, force_delete_threshold=force, error_threshold=error
+    )
+    try:
+        compressed = compressor.compress(conversation)
+    except ContextOverflowError:
+        assert size > error  # only a prompt that was over the limit is refused
+        return
+    assert compressor.measure(compressed) <= size
+    validate_conversation(compressed)
+    assert compressed[-1] == conversation[-1]
+    # Every message kept is the original, in order; the last turn's question is kept whole.
+    kept = [m for m in compressed if not summaries([m])]
+    positions = [next(i for i, m in enumerate(conversation) if m is k) for k in kept]
+    assert positions == sorted(positions)
+    roles = [m.type == "human" or getattr(m, "role", "") == "user" for m in conversation]
+    last = max(i for i, human in enumerate(roles) if human and (i == 0 or not roles[i - 1]))
+    question = range(last, next((i for i in range(last, len(roles)) if not roles[i]), len(roles)))
+    assert all(any(m is conversation[i] for m in compressed) for i in question)
 
 
 def test_level_three_raises_with_the_numbers_and_advice() -> None:

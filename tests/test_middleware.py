@@ -634,12 +634,10 @@ async def test_a_call_over_budget_is_compressed_with_tool_pairs_intact(
 
 
 def test_tool_schemas_count_towards_the_budget(backup: MySQLBackup) -> None:
-    messages_only = ContextCompressor().measure(
-        [SystemMessage(SYSTEM), HumanMessage("Stock of A-1?")]
-    )
-    with_tools = ContextCompressor(tools=[stock_level]).measure(
-        [SystemMessage(SYSTEM), HumanMessage("Stock of A-1?")]
-    )
+    hello = "Hi, " + "some background first. " * 40  # long enough that a summary is shorter
+    prompt = [SystemMessage(SYSTEM), HumanMessage(hello), AIMessage("One."), HumanMessage("Two?")]
+    messages_only = ContextCompressor().measure(prompt)
+    with_tools = ContextCompressor(tools=[stock_level]).measure(prompt)
     # Over budget only once the tool schema is counted.
     threshold = (messages_only + with_tools) // 2
     compressor = ContextCompressor(compress_threshold=threshold, preserve_count=1)
@@ -651,8 +649,8 @@ def test_tool_schemas_count_towards_the_budget(backup: MySQLBackup) -> None:
         middleware=[TieredMemoryMiddleware(backup=backup, compressor=compressor)],
         checkpointer=InMemorySaver(),
     )
-    agent.invoke(ask("Hi"), thread("t1"))
-    agent.invoke(ask("Stock of A-1?"), thread("t1"))
+    agent.invoke(ask(hello), thread("t1"))
+    agent.invoke(ask("Two?"), thread("t1"))
 
     assert "[Context compression summary]" in model.prompts[-1][0].content
 

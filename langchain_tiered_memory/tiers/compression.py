@@ -8,8 +8,9 @@ the tail are summarised too, down to the last turn. Level 2: still over
 ``force_delete_threshold``, the oldest messages of the last turn are deleted (and
 counted). Level 3: over ``error_threshold``, a :class:`ContextOverflowError` says to
 start a new session. No cut separates a tool result from the AI message that
-called it, and a cut inside a turn keeps the question that opened it, so the
-prompt always has a user message.
+called it, and a cut inside a turn keeps the question that opened it (every user
+message of the run that opens it), so the prompt always has a user message. A
+compression that does not make the prompt smaller is not used.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import roles_of, tool_call_ids, tool_calls_of
+from langchain_tiered_memory.core.turns import role_of, roles_of, tool_call_ids, tool_calls_of
 from langchain_tiered_memory.core.turns import turn_starts as core_turn_starts
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
@@ -145,12 +146,26 @@ def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:
     return index
 
 
-def _opener(messages: Sequence[BaseMessage], cut: int) -> int | None:
-    """The human message opening the turn that ``messages[cut]`` belongs to, if before it."""
-    if cut >= len(messages) or isinstance(messages[cut], HumanMessage):
+def _question_length(messages: Sequence[BaseMessage]) -> int:
+    """How many human messages open ``messages``: the question of the turn they start.
+
+    A turn opens with a run of human messages (:func:`core.turns.turn_starts`): a
+    question left unanswered (its model call failed) and the one sent after it are
+    one question, and the latest of them is the one to answer.
+    """
+    roles = roles_of(messages)
+    return next((i for i, role in enumerate(roles) if role != "human"), len(roles))
+
+
+def _question(messages: Sequence[BaseMessage], cut: int) -> range | None:
+    """The part before ``cut`` of the question (:func:`_question_length`) of ``cut``'s turn.
+
+    ``None`` when ``cut`` starts a turn (or the messages): nothing of it is folded.
+    """
+    starts = [i for i in turn_starts(messages) if i <= cut]
+    if cut >= len(messages) or not starts or starts[-1] == cut:
         return None
-    starts = [i for i in turn_starts(messages) if i < cut]
-    return starts[-1] if starts else None
+    return range(starts[-1], starts[-1] + _question_length(messages[starts[-1] : cut]))
 
 
 def validate_conversation(messages: Sequence[BaseMessage]) -> None:
@@ -283,12 +298,18 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         # Still over: fold whole oldest turns of the preserved tail into the summary
         # too (a 150k-character tool result), down to the last turn.
         later = [i for i in turn_starts(body) if i > cut]
+        # A summary has a size of its own: folding a few short messages can make the
+        # prompt larger, and a larger prompt must not reach level 2 or 3.
+        best, best_size = messages, self.measure(messages)
         while True:
             result = self._assemble(head, earlier, body, cut, language)
-            if not later or self.measure(result) <= self.compress_threshold:
+            size = self.measure(result)
+            if size < best_size:
+                best, best_size = result, size
+            if not later or size <= self.compress_threshold:
                 break
             cut = later.pop(0)
-        return self._enforce(result, language)
+        return self._enforce(best, language)
 
     def _assemble(
         self,
@@ -302,12 +323,12 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         if cut == 0 and not earlier and not dropped:
             return head + body  # nothing to summarise: only the levels below apply
         folded, kept = body[:cut], body[cut:]
-        opener = _opener(body, cut)
-        if opener is not None:
+        question = _question(body, cut)
+        if question is not None:
             # Cut inside a turn: keep the question that opened it, so the prompt
             # still has a user message (some providers require one first).
-            folded = body[:opener] + body[opener + 1 : cut]
-            kept = [body[opener], *kept]
+            folded = body[: question.start] + body[question.stop : cut]
+            kept = [*body[question.start : question.stop], *kept]
         digest = self._digest(folded, earlier, language)
         digest.dropped += dropped
         return [*head, self._summary_message(digest, language), *kept]
@@ -327,16 +348,20 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             head = [m for m in messages[:start] if not _is_summary(m)]
             earlier = [m for m in messages[:start] if _is_summary(m)]
             tail = messages[start:]
-            # The turn's question stays (see _assemble); the oldest messages after it go.
-            # No tail (system messages only): nothing to delete, level 3 decides.
-            first = 1 if tail and isinstance(tail[0], HumanMessage) else 0
+            # Earlier turns are folded; the last turn's question stays (see _assemble)
+            # and the oldest messages after it go. No tail (system messages only):
+            # nothing to delete, level 3 decides.
+            last = ([0, *turn_starts(tail)])[-1]
+            first = last + _question_length(tail[last:])
             for cut in [
                 i for i in range(first + 1, len(tail)) if not isinstance(tail[i], ToolMessage)
             ]:
                 body = tail[:first] + tail[cut:]
-                messages = self._assemble(head, earlier, body, 0, language, dropped=cut - first)
-                size = self.measure(messages)
-                if size <= self.force_delete_threshold:
+                candidate = self._assemble(head, earlier, body, last, language, dropped=cut - first)
+                candidate_size = self.measure(candidate)
+                if candidate_size < size:  # the summary's own size can outweigh a deletion
+                    messages, size = candidate, candidate_size
+                if candidate_size <= self.force_delete_threshold:
                     break
         if size > self.error_threshold:
             advice = self._labels(language).overflow_advice
@@ -366,7 +391,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         tool_names: dict[str, str] = {}
         for message in messages:
             text = _text(message)
-            if isinstance(message, HumanMessage):
+            if role_of(message) == "human":
                 digest.user += 1
                 digest.requests.append(_short(text, self.entry_chars))
                 label = roles["human"]
