@@ -8,6 +8,7 @@ is embedded with ``HashEmbeddings``, and threads are kept by LangGraph's
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import re
@@ -162,6 +163,68 @@ async def test_archived_exactly_once_across_runs_on_a_thread(
     assert "12 units." in text_of(model.prompts[-1])
     if mode == "async":
         await backup.adispose()
+
+
+class StopsAfterTheTool(ToolCallingModel):
+    """Its second call (after the tool ran) fails, or hangs until cancelled."""
+
+    hang: bool = False
+    calls: int = 0
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 2:
+            raise ConnectionError("provider 503")
+        return super()._generate(*args, **kwargs)
+
+    async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 2:
+            if not self.hang:
+                raise ConnectionError("provider 503")
+            await asyncio.sleep(3600)
+        return super()._generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["error", "async error", "cancelled"])
+async def test_a_run_stopped_after_a_tool_never_archives_a_call_without_its_result(
+    backup: MySQLBackup, how: str
+) -> None:
+    model = StopsAfterTheTool(
+        messages=iter([call("A-1", "c1"), AIMessage("12 units.")]), hang=how == "cancelled"
+    )
+    agent = create_agent(
+        model,
+        [stock_level],
+        middleware=[TieredMemoryMiddleware(backup=backup)],
+        checkpointer=InMemorySaver(),
+    )
+    config = thread("t1")
+    if how == "error":
+        with pytest.raises(ConnectionError):
+            agent.invoke(ask("Stock of A-1?"), config)
+    elif how == "async error":
+        with pytest.raises(ConnectionError):
+            await agent.ainvoke(ask("Stock of A-1?"), config)
+    else:  # a client that disconnects during the second model call
+        run = asyncio.create_task(agent.ainvoke(ask("Stock of A-1?"), config))
+        while model.calls < 2:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert tool_runs == ["A-1"]  # the tool ran, its result is in the thread only
+    archived = backup.get_messages("t1")
+    validate_conversation(archived)
+    assert not [m for m in archived if isinstance(m, AIMessage) and m.tool_calls]
+    validate_conversation(TieredChatMessageHistory("t1", backup=backup).messages)
+
+    # The thread goes on: the call and its result are archived together, in order.
+    await agent.ainvoke(ask("Thanks."), config)
+    state = agent.get_state(config).values["messages"]
+    assert backup.get_messages("t1") == state
+    assert roles(state) == ["human", "ai", "tool", "human", "ai"]
+    await backup.adispose()
 
 
 def test_stateless_resend_is_not_archived_twice(backup: MySQLBackup) -> None:

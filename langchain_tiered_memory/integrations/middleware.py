@@ -545,7 +545,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         after it (the run's input, this step's tool results) may still be rewritten
         under their ids by a middleware listed after this one (PII redaction)
         before the model sees them; they are archived at the next call or after
-        the run.
+        the run. A last answer that calls tools waits with its results, so a run
+        that stops before them (a model error, a cancelled stream) never leaves
+        the archive a call without its result.
         """
         messages = state["messages"]
         # A bare id: recorded by a version that kept ids only.
@@ -557,6 +559,8 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         if settled_only:
             answers = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
             settled = answers[-1] + 1 if answers else 0
+            if answers and tool_calls_of(messages[answers[-1]]):
+                settled -= 1
         fresh: list[BaseMessage] = [
             m
             for i, m in enumerate(messages[:settled])
