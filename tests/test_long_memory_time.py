@@ -326,6 +326,29 @@ def test_memory_line_puts_the_day_before_the_text_and_indents_its_lines() -> Non
     assert memory_line(Document("a fact")) == "- a fact"  # a document of another store
 
 
+def test_the_turn_shown_before_a_memory_is_not_given_the_memorys_date(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # A raw memory shows the turn before it first; that turn happened on the memory's
+    # day or earlier, so the later date must not be read as the day it happened.
+    memory = make_memory()
+    chat = history(backup, memory, "s1")
+    chat.add_messages(dated("I adopted a cat called Miso.", "2023-05-08", ai="Congratulations!"))
+    chat.add_messages(dated("I started a new job at ACME.", "2023-06-20", ai="Good luck!"))
+    memory.run_pending()
+    text = memory.as_context(k=2, scope="user").invoke(
+        "cat Miso job ACME", {"configurable": {"session_id": "s1", "user_id": "u1"}}
+    )
+    bullets = re.split(r"\n(?=- )", text.split("\n", 1)[1] if text.startswith("#") else text)
+    assert sorted(bullets) == [
+        "- (2023-05-08) User: I adopted a cat called Miso.\n  AI: Congratulations!",
+        "- (≤ 2023-06-20) User: I adopted a cat called Miso.\n  AI: Congratulations!\n"
+        "  (2023-06-20) User: I started a new job at ACME.\n  AI: Good luck!",
+    ]
+    for bullet in bullets:  # no line says the cat came on 2023-06-20
+        assert "(2023-06-20) User: I adopted" not in bullet
+
+
 #: The example in LoCoMo's own format, for a checkout without the eval data beside it
 #: (the real file is read when it is there, see :func:`locomo`).
 LOCOMO_EXAMPLE: dict[str, Any] = {
@@ -404,4 +427,5 @@ def test_a_locomo_temporal_question_gets_the_date_beside_the_fact(
     bullets = re.split(r"\n(?=- )", system.text)
     holding = [b for b in bullets if "Caroline: I went to a LGBTQ support group yesterday" in b]
     assert holding, system.text
-    assert all(b.startswith("- (2023-05-08) ") for b in holding), holding
+    # Where the fact is the turn shown before a memory, it is dated on or before its day.
+    assert all(re.match(r"- \((≤ )?2023-05-08\) ", b) for b in holding), holding

@@ -341,11 +341,21 @@ def memory_line(memory: Document) -> str:
     The date is the day its turn happened (``metadata["turn_at"]``: the session
     date the caller gave, else when the turn was archived), so a model can answer
     "when did ...". A memory spanning lines (a raw turn) is indented under its
-    bullet, so one memory stays one item.
+    bullet, so one memory stays one item. The turn before it, shown first
+    (``metadata["context_chars"]`` characters), happened on that day or earlier:
+    it is marked ``(≤ 2023-05-08)`` and the date goes to the memory's own turn.
     """
     day = str(memory.metadata.get("turn_at") or "")[:10]
-    text = memory.page_content.strip().replace("\n", "\n  ")
-    return f"- ({day}) {text}" if day else f"- {text}"
+    text = memory.page_content.strip()
+    if not day:
+        return "- " + text.replace("\n", "\n  ")
+    context = memory.metadata.get("context_chars") or 0
+    before, own = memory.page_content[:context], memory.page_content[context:]
+    if context and own.startswith("\n") and before.strip() and own.strip():
+        text = f"(≤ {day}) {before.strip()}\n({day}) {own.strip()}"
+    else:
+        text = f"({day}) {text}"
+    return "- " + text.replace("\n", "\n  ")
 
 
 def prompts_for(language: str) -> Prompts:

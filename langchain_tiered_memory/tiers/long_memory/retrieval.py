@@ -696,6 +696,7 @@ def document(row: Any, score: float) -> Document:
             "kind": row.kind,
             "source_ids": json.loads(row.source_ids),
             "context_ids": context_ids(row) or [],
+            "context_chars": 0 if context_ids(row) is None else len(row.context),
             "turn_at": row.turn_at.isoformat(),
             "subject": row.subject,
             "superseded_by": row.superseded_by,
