@@ -11,7 +11,10 @@ It then reorders the same top results by two second passes over sessions and
 reports recall@10 per category for each: ``lift`` puts the memories of the top
 ``n`` hits' sessions first (the issue's "second retrieval pass over the sessions of
 the first hits"), ``spread`` charges each memory ``n`` ranks per memory of its
-session already taken (multi-hop evidence lies in several sessions).
+session already taken (multi-hop evidence lies in several sessions). With
+``--fuse-e5`` the same conversations are also stored with multilingual-e5 and each
+question's two rankings are fused (reciprocal rank fusion, ``fuse k`` rows): a second
+embedding's view of the same turns.
 
 Run from the repository root::
 
@@ -23,18 +26,31 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
 from langchain_core.documents import Document
 
 from benchmarks.bench_recall import LOCOMO_CATEGORIES, evidence, ingest_locomo, recall_store
-from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings
+from langchain_tiered_memory.text.embeddings import MiniLMEmbeddings, MultilingualE5Embeddings
 
 BANDS = ((1, 10), (11, 20), (21, 50))
 #: Second passes over sessions, each with the strengths tried.
 REORDERS = {"lift": (1, 3, 5), "spread": (1, 2, 4, 8)}
+#: Reciprocal rank fusion's k for ``--fuse-e5``.
+FUSIONS = (5, 20, 60)
+#: A result as the turns it holds (two stores give one turn different memory ids).
+Turns = frozenset[str | None]
+
+
+def fuse(rankings: list[list[Turns]], k: int) -> list[Turns]:
+    """The first 10 of ``rankings`` fused: each result scores 1 / (k + rank) per ranking."""
+    scores = defaultdict[Turns, float](float)
+    for ranking in rankings:
+        for rank, turns in enumerate(ranking, 1):
+            scores[turns] += 1 / (k + rank)
+    return sorted(scores, key=lambda turns: -scores[turns])[:10]
 
 
 def reorder(docs: list[Document], how: str, n: int) -> list[Document]:
@@ -65,17 +81,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--eval-dir", type=Path, default=Path("../shared/eval"))
     parser.add_argument("--depth", type=int, default=100, help="results asked per question")
+    parser.add_argument("--fuse-e5", action="store_true", help="also fuse with E5's ranking")
     args = parser.parse_args(argv)
     samples = json.loads((args.eval_dir / "locomo_dev.json").read_text(encoding="utf-8"))
     counts = {category: Counter[str]() for category in LOCOMO_CATEGORIES}
     variants = [("as searched", 0), *((how, n) for how, ns in REORDERS.items() for n in ns)]
-    recalls = {variant: {c: list[float]() for c in LOCOMO_CATEGORIES} for variant in variants}
+    fusions = [("fuse", k) for k in FUSIONS] if args.fuse_e5 else []
+    recalls = {v: {c: list[float]() for c in LOCOMO_CATEGORIES} for v in variants + fusions}
     with tempfile.TemporaryDirectory(prefix="probe_ranks_") as folder:
         memory = recall_store(Path(folder), "ranks", MiniLMEmbeddings())
+        e5 = recall_store(Path(folder), "e5", MultilingualE5Embeddings()) if fusions else None
         for number, sample in enumerate(samples):
             user = f"locomo-{number}"
             dia_of = ingest_locomo(memory, sample, user)
             memory.flush(timeout=3600)
+            if e5 is not None:
+                e5_dia_of = ingest_locomo(e5, sample, user)
+                e5.flush(timeout=3600)
             for qa in sample["qa"]:
                 gold = evidence(qa)
                 if qa.get("category") not in LOCOMO_CATEGORIES or not gold:
@@ -91,7 +113,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                     top = docs[:10] if how == "as searched" else reorder(docs, how, n)
                     own = {dia_of.get(i) for doc in top for i in doc.metadata["source_ids"]}
                     recalls[how, n][qa["category"]].append(len(gold & own) / len(gold))
+                if e5 is not None:
+                    rankings = [
+                        [frozenset(map(dia_of.get, d.metadata["source_ids"])) for d in docs],
+                        [
+                            frozenset(map(e5_dia_of.get, d.metadata["source_ids"]))
+                            for d in e5.search(
+                                qa["question"], user_id=user, scope="user", k=args.depth
+                            )
+                        ],
+                    ]
+                    for how, k in fusions:
+                        own = set().union(*fuse(rankings, k))
+                        recalls[how, k][qa["category"]].append(len(gold & own) / len(gold))
         memory.close()
+        if e5 is not None:
+            e5.close()
     bands = [f"{low}-{high}" for low, high in BANDS] + [f"51-{args.depth}", f"> {args.depth}"]
     print("| category | evidence turns | " + " | ".join(f"rank {b}" for b in bands) + " |")
     print("|---" * (len(bands) + 2) + "|")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
@@ -326,27 +327,79 @@ def test_memory_line_puts_the_day_before_the_text_and_indents_its_lines() -> Non
     assert memory_line(Document("a fact")) == "- a fact"  # a document of another store
 
 
-def test_the_turn_shown_before_a_memory_is_not_given_the_memorys_date(
-    make_memory: MakeMemory, backup: MySQLBackup
-) -> None:
-    # A raw memory shows the turn before it first; that turn happened on the memory's
-    # day or earlier, so the later date must not be read as the day it happened.
-    memory = make_memory()
+def cat_then_job(memory: ChromaLongMemory, backup: MySQLBackup) -> ChromaLongMemory:
+    """Session s1 of user u1: a cat adopted on 2023-05-08, a new job on 2023-06-20."""
     chat = history(backup, memory, "s1")
     chat.add_messages(dated("I adopted a cat called Miso.", "2023-05-08", ai="Congratulations!"))
     chat.add_messages(dated("I started a new job at ACME.", "2023-06-20", ai="Good luck!"))
     memory.run_pending()
-    text = memory.as_context(k=2, scope="user").invoke(
-        "cat Miso job ACME", {"configurable": {"session_id": "s1", "user_id": "u1"}}
-    )
-    bullets = re.split(r"\n(?=- )", text.split("\n", 1)[1] if text.startswith("#") else text)
-    assert sorted(bullets) == [
+    return memory
+
+
+def test_the_turn_shown_before_a_memory_carries_its_own_date(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    # A raw memory shows the turn before it first. That turn has a date of its own:
+    # the later one, or an earlier one when older chats were imported after newer.
+    memory = cat_then_job(make_memory(), backup)
+    imported = history(backup, memory, "s2", user_id="u2")
+    imported.add_messages(dated("I moved to Lyon.", "2024-02-01", ai="Nice!"))
+    imported.add_messages(dated("I sold my bike.", "2023-01-15", ai="Why?"))
+    memory.run_pending()
+
+    def bullets(user: str, session: str) -> list[str]:
+        text = memory.as_context(k=2, scope="user").invoke(
+            "cat Miso job ACME Lyon bike",
+            {"configurable": {"session_id": session, "user_id": user}},
+        )
+        return sorted(re.split(r"\n(?=- )", text))
+
+    assert bullets("u1", "s1") == [
         "- (2023-05-08) User: I adopted a cat called Miso.\n  AI: Congratulations!",
-        "- (≤ 2023-06-20) User: I adopted a cat called Miso.\n  AI: Congratulations!\n"
+        "- (2023-05-08) User: I adopted a cat called Miso.\n  AI: Congratulations!\n"
         "  (2023-06-20) User: I started a new job at ACME.\n  AI: Good luck!",
     ]
-    for bullet in bullets:  # no line says the cat came on 2023-06-20
-        assert "(2023-06-20) User: I adopted" not in bullet
+    assert bullets("u2", "s2") == [
+        "- (2024-02-01) User: I moved to Lyon.\n  AI: Nice!",
+        "- (2024-02-01) User: I moved to Lyon.\n  AI: Nice!\n"
+        "  (2023-01-15) User: I sold my bike.\n  AI: Why?",
+    ]
+
+
+def test_a_catalog_of_an_older_version_gains_the_contexts_date(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    cat_then_job(make_memory(), backup)
+    table = backup.tables.memories.name
+    with backup.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN context_at")
+    reopened = MySQLBackup(
+        backup.url.render_as_string(hide_password=False), table_name=backup.table.name
+    )
+    try:
+        columns = {c["name"] for c in sa.inspect(reopened.engine).get_columns(table)}
+        assert "context_at" in columns  # added back, empty
+        upgraded = make_memory(backup=reopened)
+        old = upgraded.search("job ACME", session_id="s1", k=1)[0]
+        assert old.metadata["context_at"] is None
+        assert memory_line(old).startswith("- User: I adopted a cat")  # no day claimed
+        chat = history(reopened, upgraded, "s1")
+        chat.add_messages(dated("I bought a bike.", "2023-07-02", ai="Fun!"))
+        upgraded.run_pending()
+        new = upgraded.search("bought a bike", session_id="s1", k=1)[0]
+        assert new.metadata["context_at"].startswith("2023-06-20")
+        assert memory_line(new).startswith("- (2023-06-20) User: I started a new job")
+    finally:
+        reopened.dispose()
+
+
+def test_a_memory_of_an_older_version_shows_its_context_undated() -> None:
+    # Written before the context's date was kept: no day is claimed for it.
+    doc = Document(
+        "User: hi\nAI: hello\nUser: bye",
+        metadata={"turn_at": "2023-05-08T13:56:00", "context_chars": 18, "context_at": None},
+    )
+    assert memory_line(doc) == "- User: hi\n  AI: hello\n  (2023-05-08) User: bye"
 
 
 #: The example in LoCoMo's own format, for a checkout without the eval data beside it
@@ -427,5 +480,4 @@ def test_a_locomo_temporal_question_gets_the_date_beside_the_fact(
     bullets = re.split(r"\n(?=- )", system.text)
     holding = [b for b in bullets if "Caroline: I went to a LGBTQ support group yesterday" in b]
     assert holding, system.text
-    # Where the fact is the turn shown before a memory, it is dated on or before its day.
-    assert all(re.match(r"- \((≤ )?2023-05-08\) ", b) for b in holding), holding
+    assert all(b.startswith("- (2023-05-08) ") for b in holding), holding

@@ -341,19 +341,18 @@ def memory_line(memory: Document) -> str:
     The date is the day its turn happened (``metadata["turn_at"]``: the session
     date the caller gave, else when the turn was archived), so a model can answer
     "when did ...". A memory spanning lines (a raw turn) is indented under its
-    bullet, so one memory stays one item. The turn before it, shown first
-    (``metadata["context_chars"]`` characters), happened on that day or earlier:
-    it is marked ``(≤ 2023-05-08)`` and the date goes to the memory's own turn.
+    bullet, so one memory stays one item. The turn shown before a raw memory (its
+    first ``metadata["context_chars"]`` characters) carries its own date
+    (``metadata["context_at"]``; none for a memory of an older version).
     """
     day = str(memory.metadata.get("turn_at") or "")[:10]
     text = memory.page_content.strip()
-    if not day:
-        return "- " + text.replace("\n", "\n  ")
-    context = memory.metadata.get("context_chars") or 0
-    before, own = memory.page_content[:context], memory.page_content[context:]
-    if context and own.startswith("\n") and before.strip() and own.strip():
-        text = f"(≤ {day}) {before.strip()}\n({day}) {own.strip()}"
-    else:
+    chars = memory.metadata.get("context_chars") or 0
+    context, own = memory.page_content[:chars], memory.page_content[chars:]
+    if day and chars and own.startswith("\n") and context.strip() and own.strip():
+        when = str(memory.metadata.get("context_at") or "")[:10]
+        text = (f"({when}) " if when else "") + f"{context.strip()}\n({day}) {own.strip()}"
+    elif day:
         text = f"({day}) {text}"
     return "- " + text.replace("\n", "\n  ")
 

@@ -168,6 +168,9 @@ def build_tables(metadata: MetaData, name: str) -> Tables:
         # Lists of ids are LONGTEXT on MySQL: a memory that keeps absorbing repeated
         # turns lists them all, past TEXT's 64 KB.
         Column("context_ids", _long_text(), nullable=True),
+        # When the context's turn happened (its own date: a session imported out of
+        # order has a turn before it of a later date). None: an older version's row.
+        Column("context_at", _timestamp(), nullable=True),
         Column("kind", String(16), nullable=False),
         # float32 bytes of the embedding: scoped dense search runs in-process,
         # since Chroma's filtered queries slow down as the collection grows.

@@ -138,6 +138,8 @@ class Memory:
     content_hash: str
     context: str | None = None
     context_ids: list[int] = field(default_factory=list)
+    #: When the context's turn happened (:func:`~.worker.turn_time` of it).
+    context_at: datetime | None = None
     vector: list[float] = field(default_factory=list)
     #: The embedding model that made ``vector`` (``model_name``).
     model: str | None = None
@@ -322,6 +324,7 @@ class Catalog:
                 text=memory.text,
                 context=memory.context,
                 context_ids=None if memory.context is None else json.dumps(memory.context_ids),
+                context_at=None if memory.context is None else memory.context_at,
                 vector=to_bytes(memory.vector),
                 model=memory.model,
                 kind=memory.kind,

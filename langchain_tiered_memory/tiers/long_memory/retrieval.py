@@ -697,6 +697,9 @@ def document(row: Any, score: float) -> Document:
             "source_ids": json.loads(row.source_ids),
             "context_ids": context_ids(row) or [],
             "context_chars": 0 if context_ids(row) is None else len(row.context),
+            "context_at": None
+            if context_ids(row) is None or row.context_at is None
+            else row.context_at.isoformat(),
             "turn_at": row.turn_at.isoformat(),
             "subject": row.subject,
             "superseded_by": row.superseded_by,

@@ -540,6 +540,7 @@ class ExtractionWorker(QueueWorker):
                     content_hash=content_hash(text, kind, turn_at.date()),
                     context=context,
                     context_ids=[r.id for r in before if role_of(r.message) in ("human", "ai")],
+                    context_at=None if context is None else turn_time(before),
                     turn_ids=[r.id for r in turn],
                     prefix_hashes=self._prefix_hashes(messages, _days(turn)),
                     subject=subject_of(text),
