@@ -300,6 +300,18 @@ def test_a_turn_opened_by_several_questions_keeps_them_all(
         assert compressed == messages
 
 
+def test_chat_messages_are_counted_and_labelled_as_the_role_they_name() -> None:
+    folded: list[BaseMessage] = [
+        ChatMessage("What were the totals? " * 30, role="user"),
+        ChatMessage("The totals are 1,234 EUR. " * 30, role="assistant"),
+    ]
+    compressor = ContextCompressor(compress_threshold=50, preserve_count=1, language="en")
+    compressed = compressor.compress([*folded, HumanMessage("And last year?")])
+    digest = compressed[0].additional_kwargs[SUMMARY_KEY]
+    assert (digest["user"], digest["ai"], digest["tool"]) == (1, 1, 0)
+    assert [entry.split(":")[0] for entry in digest["timeline"]] == ["User", "Assistant"]
+
+
 def test_folding_short_messages_never_makes_the_prompt_larger() -> None:
     # A summary has a size of its own: folding "hi"/"hello" would grow this prompt,
     # which must then not be deleted from (level 2) or refused (level 3).

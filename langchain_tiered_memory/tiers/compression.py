@@ -391,11 +391,12 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
         tool_names: dict[str, str] = {}
         for message in messages:
             text = _text(message)
-            if role_of(message) == "human":
+            role = role_of(message)  # a ChatMessage counts as the role it names
+            if role == "human":
                 digest.user += 1
                 digest.requests.append(_short(text, self.entry_chars))
                 label = roles["human"]
-            elif isinstance(message, AIMessage):
+            elif role == "ai":
                 digest.ai += 1
                 calls = tool_calls_of(message)
                 names = [call.get("name") or "tool" for call in calls]
@@ -417,7 +418,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 digest.seen_outputs.append(key)
                 label = f"{roles['tool']}({name})"
             else:
-                label = roles.get(message.type, message.type)
+                label = roles.get(role, role)
             if not isinstance(message, ToolMessage) and any(
                 word in text[:2000].lower() for word in PENDING_WORDS
             ):
