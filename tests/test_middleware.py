@@ -186,17 +186,27 @@ class StopsAfterTheTool(ToolCallingModel):
         return super()._generate(*args, **kwargs)
 
 
+@pytest.mark.parametrize("summarized", [False, True])
 @pytest.mark.parametrize("how", ["error", "async error", "cancelled"])
 async def test_a_run_stopped_after_a_tool_never_archives_a_call_without_its_result(
-    backup: MySQLBackup, how: str
+    backup: MySQLBackup, how: str, summarized: bool
 ) -> None:
     model = StopsAfterTheTool(
         messages=iter([call("A-1", "c1"), AIMessage("12 units.")]), hang=how == "cancelled"
     )
+    # Listed after it, a summarization keeps only the newest message before the next
+    # run's model call: the waiting call and its result must be archived before that.
+    later = [
+        SummarizationMiddleware(
+            GenericFakeChatModel(messages=iter(["SUMMARY"] * 5)),
+            trigger=("messages", 4),
+            keep=("messages", 1),
+        )
+    ]
     agent = create_agent(
         model,
         [stock_level],
-        middleware=[TieredMemoryMiddleware(backup=backup)],
+        middleware=[TieredMemoryMiddleware(backup=backup), *(later if summarized else [])],
         checkpointer=InMemorySaver(),
     )
     config = thread("t1")
@@ -221,9 +231,11 @@ async def test_a_run_stopped_after_a_tool_never_archives_a_call_without_its_resu
 
     # The thread goes on: the call and its result are archived together, in order.
     await agent.ainvoke(ask("Thanks."), config)
+    archived = backup.get_messages("t1")
+    assert roles(archived) == ["human", "ai", "tool", "human", "ai"]
+    assert [m.content for m in archived[2:]] == ["A-1: 12 units in stock", "Thanks.", "12 units."]
     state = agent.get_state(config).values["messages"]
-    assert backup.get_messages("t1") == state
-    assert roles(state) == ["human", "ai", "tool", "human", "ai"]
+    assert "SUMMARY" in text_of(state) if summarized else archived == state
     await backup.adispose()
 
 

@@ -43,7 +43,7 @@ from typing_extensions import override
 from langchain_tiered_memory.core import steps
 from langchain_tiered_memory.core.encoding import exact_json
 from langchain_tiered_memory.core.steps import Call, StepPlan, arun, run
-from langchain_tiered_memory.core.turns import tool_call_ids, tool_calls_of
+from langchain_tiered_memory.core.turns import role_of, tool_call_ids, tool_calls_of
 from langchain_tiered_memory.core.validation import (
     InvalidSessionDateError,
     check_int,
@@ -547,7 +547,9 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
         before the model sees them; they are archived at the next call or after
         the run. A last answer that calls tools waits with its results, so a run
         that stops before them (a model error, a cancelled stream) never leaves
-        the archive a call without its result.
+        the archive a call without its result; once a question follows it (the
+        thread's next run), that run is over: the answer and its results are
+        settled, before a middleware listed after this one can summarise them away.
         """
         messages = state["messages"]
         # A bare id: recorded by a version that kept ids only.
@@ -560,7 +562,11 @@ class TieredMemoryMiddleware(AgentMiddleware[TieredMemoryState, Any]):
             answers = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
             settled = answers[-1] + 1 if answers else 0
             if answers and tool_calls_of(messages[answers[-1]]):
-                settled -= 1
+                if any(role_of(m) == "human" for m in messages[settled:]):
+                    while settled < len(messages) and isinstance(messages[settled], ToolMessage):
+                        settled += 1
+                else:
+                    settled -= 1
         fresh: list[BaseMessage] = [
             m
             for i, m in enumerate(messages[:settled])
