@@ -36,6 +36,8 @@ from langchain_tiered_memory.text.media import (
     TOKENS_PER_UNSIZED_IMAGE,
     image_tokens,
 )
+from langchain_tiered_memory.tiers.compression import validate_conversation
+from langchain_tiered_memory.tiers.window import UNANSWERED
 
 from .fakes import (
     CountingModel,
@@ -115,6 +117,61 @@ def test_window_keeps_the_answer_to_an_invalid_tool_call(backup: MySQLBackup) ->
     ]
     history.add_messages(turn_with_bad_call)
     assert history.messages == turn_with_bad_call
+
+
+def test_a_call_the_archive_holds_no_result_of_gets_a_stand_in_in_the_window(
+    backup: MySQLBackup,
+) -> None:
+    """A create_agent run that ended on a call with malformed arguments (the agent
+    answers it in its prompt only), or a writer stopped between a call and its
+    results: the window is still a conversation providers accept."""
+    history = TieredChatMessageHistory("open", backup=backup)
+    ended_on_a_bad_call = [
+        HumanMessage("look up invoice 42"),
+        AIMessage(
+            "",
+            invalid_tool_calls=[
+                {
+                    "type": "invalid_tool_call",
+                    "id": "c1",
+                    "name": "lookup",
+                    "args": "{",
+                    "error": "x",
+                }
+            ],
+        ),
+    ]
+    half_answered = [
+        HumanMessage("and 43, 44?"),
+        AIMessage(
+            "",
+            tool_calls=[
+                {"name": "lookup", "args": {"n": 43}, "id": "c2"},
+                {"name": "lookup", "args": {"n": 44}, "id": "c3"},
+            ],
+        ),
+        ToolMessage("invoice 43: 10 EUR", tool_call_id="c2"),
+        HumanMessage("thanks"),
+    ]
+    history.add_messages([*ended_on_a_bad_call, *half_answered])
+
+    window = history.messages
+    validate_conversation([*window, HumanMessage("next")])
+    stand_ins = [m for m in window if isinstance(m, ToolMessage) and m.content == UNANSWERED]
+    assert [(m.tool_call_id, m.name, m.status) for m in stand_ins] == [
+        ("c1", "lookup", "error"),
+        ("c3", "lookup", "error"),
+    ]
+    first, second = stand_ins
+    assert window == [*ended_on_a_bad_call, first, *half_answered[:3], second, half_answered[3]]
+    assert backup.get_messages("open") == [*ended_on_a_bad_call, *half_answered]  # unchanged
+    # The stand-ins count against the budget like any message: the last two turns
+    # fit a budget of their size with the stand-in, and not one token less.
+    budget = estimate_tokens(window[3:7]) + estimate_tokens(window[7:])
+    fits = TieredChatMessageHistory("open", backup=backup, window_max_tokens=budget)
+    assert fits.messages == window[3:]
+    narrow = TieredChatMessageHistory("open", backup=backup, window_max_tokens=budget - 1)
+    assert narrow.messages == window[7:]
 
 
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:

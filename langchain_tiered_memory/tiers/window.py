@@ -6,10 +6,19 @@ from collections.abc import Callable, Sequence
 
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from langchain_tiered_memory.core.turns import split_turns, tool_call_ids
+from langchain_tiered_memory.core.turns import split_turns, tool_call_ids, tool_calls_of
 
 # split_turns lives in core.turns; it is re-exported here for its older importers.
-__all__ = ["drop_orphan_tool_messages", "select_window", "split_turns"]
+__all__ = [
+    "UNANSWERED",
+    "answer_open_calls",
+    "drop_orphan_tool_messages",
+    "select_window",
+    "split_turns",
+]
+
+#: The result a window shows for a tool call the archive holds no result of.
+UNANSWERED = "[no result archived: this tool call was not answered]"
 
 
 def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -28,6 +37,38 @@ def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessa
     return kept
 
 
+def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """Give each tool call without a result a stand-in result (:data:`UNANSWERED`).
+
+    Chat providers refuse a conversation in which a call is not answered before
+    the next message. The archive can hold one: a ``create_agent`` run that ended
+    on a call with malformed arguments (the agent answers those in its prompt
+    only), or a writer stopped between a call and its results. The stand-ins
+    follow the call's own results, in the window only; the archive is unchanged.
+    """
+    kept: list[BaseMessage] = []
+    waiting: dict[str, str] = {}  # id -> tool name, of the calls not answered yet
+
+    def answer_waiting() -> None:
+        kept.extend(
+            ToolMessage(UNANSWERED, tool_call_id=call_id, name=name, status="error")
+            for call_id, name in waiting.items()
+        )
+        waiting.clear()
+
+    for message in messages:
+        if isinstance(message, ToolMessage):
+            waiting.pop(message.tool_call_id, None)
+        else:
+            answer_waiting()
+        kept.append(message)
+        for call in tool_calls_of(message):
+            if call_id := call.get("id"):
+                waiting[call_id] = call.get("name") or "tool"
+    answer_waiting()
+    return kept
+
+
 def select_window(
     messages: Sequence[BaseMessage],
     *,
@@ -41,6 +82,10 @@ def select_window(
     messages before the first human message are dropped, so a window never
     starts with an AI, tool or system message.
 
+    Within a turn, a tool result without its call is dropped and a call without
+    its result gets a stand-in one (:func:`answer_open_calls`), so the window is a
+    conversation providers accept.
+
     Turns are dropped whole, oldest first. As with ``trim_messages``, the budget is
     a hard limit: if the newest turn alone is over it, the window is empty.
     """
@@ -48,7 +93,7 @@ def select_window(
     kept: list[list[BaseMessage]] = []
     total = 0
     for turn in reversed(turns):
-        turn = drop_orphan_tool_messages(turn)
+        turn = answer_open_calls(drop_orphan_tool_messages(turn))
         if max_tokens is not None:
             total += count_tokens(turn)
             if total > max_tokens:
