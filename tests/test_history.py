@@ -432,6 +432,24 @@ def test_a_pdf_counts_its_page_tree_within_what_its_bytes_can_hold() -> None:
     assert media_tokens_of(block) <= (len(body) // 100 + 1) * 3000
 
 
+def test_two_files_alike_at_both_ends_are_each_counted_by_what_they_hold() -> None:
+    # A count reads the whole file: one counted first must not lend its count to
+    # another of the same length and the same first and last 200 KB.
+    head, tail = b"Invoice export\n" + b"ok " * 80_000, b"ok " * 80_000
+    cheap = head + b"ok " * 100_000 + tail
+    dear = head + "账".encode() * 100_000 + tail
+    assert len(cheap) == len(dear)
+
+    def as_message(raw: bytes) -> HumanMessage:
+        encoded = base64.b64encode(raw).decode()
+        return HumanMessage([{"type": "file", "base64": encoded, "mime_type": "text/plain"}])
+
+    counts = [estimate_tokens(as_message(raw)) for raw in (cheap, dear, cheap)]
+    assert counts[0] == counts[2]
+    assert counts[1] > counts[0] + 20_000  # 100,000 Chinese characters cost more than 100k words
+    assert counts[1] == estimate_tokens(as_message(dear))
+
+
 def test_compressed_wavs_text_files_and_wrapped_base64_count_what_they_hold() -> None:
     """A minute of IMA ADPCM (telephony, dictaphones) is a minute, not 8 tokens; base64
     wrapped at 76 columns is read; a text file in UTF-16, GB18030 or a Windows code page
