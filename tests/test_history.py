@@ -14,6 +14,7 @@ import sys
 import threading
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import (
@@ -685,6 +686,39 @@ def test_bad_token_counter_is_a_type_error() -> None:
         TieredChatMessageHistory("x", token_counter=42)
     with pytest.raises(TypeError, match="got 'exact'"):
         TieredChatMessageHistory("x", token_counter="exact")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (-5, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (None, TypeError),
+        ("12", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_a_token_counter_that_answers_no_count_is_refused_by_name(
+    backup: MySQLBackup, answer: Any, error: type[Exception]
+) -> None:
+    # A negative or NaN count let every turn into a window of 1,000 tokens.
+    history = TieredChatMessageHistory(
+        "counted", backup=backup, window_max_tokens=1000, token_counter=lambda messages: answer
+    )
+    history.add_messages([HumanMessage("q " * 2000), AIMessage("a")])
+    with pytest.raises(error, match="token_counter must return"):
+        _ = history.messages
+    assert backup.get_messages("counted")[1].content == "a"  # nothing stored is touched
+
+
+def test_a_token_counter_may_answer_a_fraction_or_a_numpy_int(backup: MySQLBackup) -> None:
+    import numpy as np
+
+    for counter in (lambda m: 2.5 * len(m), lambda m: np.int64(3 * len(m))):
+        history = TieredChatMessageHistory("counted", backup=backup, token_counter=counter)
+        history.add_messages([HumanMessage("q"), AIMessage("a")])
+        assert [m.content for m in history.messages][-2:] == ["q", "a"]
 
 
 # -- restarts ----------------------------------------------------------------------

@@ -8,6 +8,8 @@ once, at the edge, with errors that name the problem.
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 import re
 import reprlib
 import unicodedata
@@ -445,6 +447,29 @@ def check_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_COUNT)
         msg = f"{name} must be {kind} no larger than {maximum:_}, got {_shown(value)}"
         raise ValueError(msg)
     return value
+
+
+def check_token_count(value: Any) -> int:
+    """``value`` as an int if it is a token count: a finite real number of at least 0.
+
+    What a caller's ``token_counter`` answers is checked before a budget adds it
+    up: a negative or NaN count would let everything in, a ``None`` fail later. A
+    fraction is rounded up, so a budget never takes in more than it holds.
+
+    Raises:
+        TypeError: If it is not a number (a bool is not one here).
+        ValueError: If it is negative, NaN or infinite.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        msg = f"token_counter must return a number of tokens, got {_shown(value)}"
+        raise TypeError(msg)
+    # An integer is never turned into a float: it may be too large for one.
+    if value < 0 or not (isinstance(value, numbers.Integral) or math.isfinite(value)):
+        msg = f"token_counter must return a finite count of at least 0, got {_shown(value)}"
+        raise ValueError(msg)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return math.ceil(float(value))
 
 
 def check_optional_int(

@@ -20,7 +20,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_tiered_memory.core.turns import tool_calls_of
-from langchain_tiered_memory.core.validation import check_int
+from langchain_tiered_memory.core.validation import check_int, check_token_count
 from langchain_tiered_memory.text.media import media_kind, media_tokens
 
 T = TypeVar("T")
@@ -282,11 +282,19 @@ def resolve_token_counter(
     (langchain_core's ``count_tokens_approximately``). ``None`` means
     :func:`estimate_tokens`.
 
+    What it answers is checked (:func:`~langchain_tiered_memory.core.validation.check_token_count`).
+
     Raises:
         TypeError: If ``token_counter`` is none of these.
     """
     if token_counter is None:
         return estimate_tokens
+    count = _any_counter(token_counter)
+    return lambda messages: check_token_count(count(messages))
+
+
+def _any_counter(token_counter: TokenCounter) -> Callable[[Sequence[BaseMessage]], Any]:
+    """:func:`resolve_token_counter`'s function, its answers not checked yet."""
     # trim_messages' one string shortcut (a str test first: `==` on an array is no bool)
     if isinstance(token_counter, str) and token_counter == "approximate":
         return lambda messages: count_tokens_approximately(list(messages))
