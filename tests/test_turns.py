@@ -15,11 +15,13 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    convert_to_messages,
 )
 
 from langchain_tiered_memory import MySQLBackup, SessionFileArchive, TieredChatMessageHistory
-from langchain_tiered_memory.core.turns import role_of, split_turns
+from langchain_tiered_memory.core.turns import role_of, split_turns, tool_calls_of
 from langchain_tiered_memory.storage import archive as archive_module
+from langchain_tiered_memory.tiers.compression import validate_conversation
 from langchain_tiered_memory.tiers.window import select_window
 
 
@@ -160,3 +162,43 @@ def test_chat_messages_of_user_and_assistant_make_turns(
         assert contents(archive.tail("chat", 1)) == ["q2", "a2"]
     assert [role_of(m) for m in messages[:2]] == ["human", "ai"]
     assert role_of(ChatMessage("note", role="narrator")) == "chat"  # a role of its own
+
+
+@pytest.mark.parametrize("shape", ["anthropic dicts", "standard blocks"])
+def test_a_call_given_only_as_a_content_block_keeps_its_result(
+    backup: MySQLBackup, tmp_path: Path, shape: str
+) -> None:
+    """A message made from Anthropic-shaped dicts, or with LangChain's standard
+    ``tool_call`` blocks, has no ``tool_calls``; its calls are still calls, and the
+    window kept the call's block but dropped its result (Anthropic refuses that)."""
+    if shape == "anthropic dicts":
+        call = {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "get_weather",
+            "input": {"city": "Paris"},
+        }
+    else:
+        call = {
+            "type": "tool_call",
+            "id": "toolu_1",
+            "name": "get_weather",
+            "args": {"city": "Paris"},
+        }
+    messages = convert_to_messages(
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, call]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "toolu_1"},
+            {"role": "assistant", "content": "It is sunny."},
+        ]
+    )
+    assert not messages[1].tool_calls  # as langchain_core makes it
+    assert [(c["id"], c["name"], c["args"]) for c in tool_calls_of(messages[1])] == [
+        ("toolu_1", "get_weather", {"city": "Paris"})
+    ]
+    for archive in (backup, SessionFileArchive(tmp_path)):
+        history = TieredChatMessageHistory("blocks", backup=archive)
+        history.add_messages(messages)
+        assert history.messages == messages
+        validate_conversation(history.messages)

@@ -36,6 +36,10 @@ _ROLE_OF_CHAT_ROLE = {
 }
 
 
+#: Content blocks that make a tool call, and the key of their arguments.
+_CALL_BLOCKS = {"tool_use": "input", "tool_call": "args"}
+
+
 def role_of(message: BaseMessage) -> str:
     """The archive's role column for a message.
 
@@ -101,11 +105,30 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     An invalid call (arguments that are not JSON) is still a call: provider
     integrations send it among the assistant's tool calls, and ``create_agent``
     answers it with a ``ToolMessage``, so its result belongs with it as a valid
-    call's does.
+    call's does. So is a call given only as a content block (Anthropic's
+    ``tool_use``, LangChain's standard ``tool_call``), as a message made from an
+    Anthropic-shaped dict is: ``tool_calls`` is empty there.
     """
     if not isinstance(message, AIMessage):
         return []
-    return [*message.tool_calls, *message.invalid_tool_calls]
+    calls: list[ToolCall | InvalidToolCall] = [*message.tool_calls, *message.invalid_tool_calls]
+    if isinstance(message.content, list):
+        known = {call.get("id") for call in calls}
+        for block in message.content:
+            if not isinstance(block, dict) or block.get("type") not in _CALL_BLOCKS:
+                continue
+            call_id, args = block.get("id"), block.get(_CALL_BLOCKS[block["type"]])
+            if isinstance(call_id, str) and call_id and call_id not in known:
+                known.add(call_id)
+                name = block.get("name")
+                calls.append(
+                    ToolCall(
+                        name=name if isinstance(name, str) else "tool",
+                        args=args if isinstance(args, dict) else {},
+                        id=call_id,
+                    )
+                )
+    return calls
 
 
 def tool_call_ids(message: BaseMessage) -> set[str]:

@@ -173,8 +173,13 @@ def _placeholder(message: BaseMessage, exc: Exception) -> BaseMessage | None:
     if isinstance(message, ToolMessage):
         return ToolMessage(note, tool_call_id=message.tool_call_id, id=message.id)
     if isinstance(message, AIMessage) and tool_calls_of(message):
-        # Invalid calls are calls too: their answers follow them.
-        calls = [tool_call(name=c["name"], args={}, id=c["id"]) for c in message.tool_calls]
+        # Invalid calls and calls given as content blocks are calls too: their
+        # answers follow them.
+        calls = [
+            tool_call(name=c.get("name") or "tool", args={}, id=c.get("id"))
+            for c in tool_calls_of(message)
+            if c not in message.invalid_tool_calls
+        ]
         invalid = [
             invalid_tool_call(name=c.get("name"), args=None, id=c.get("id"), error=None)
             for c in message.invalid_tool_calls
