@@ -953,6 +953,60 @@ def test_forget_of_a_user_reaches_every_session_they_wrote(tmp_path: Path) -> No
     assert not any(b"u1" in content for content in left.values())
 
 
+def _legacy_two_writer_session(root: Path) -> None:
+    """``shared`` as an older version left it: messages in its file, the session in its meta.
+
+    Two users wrote to it before sessions had owners: u1 turn 0, then u2 turn 1;
+    the meta file names u2 (the last writer) and both writers.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    items = []
+    for user, n in (("u1", 0), ("u2", 1)):
+        for item in messages_to_items(turn(n)):
+            items.append({**item, "user_id": user})
+    name = safe_filename("shared")
+    (root / f"{name}.json").write_text(
+        json.dumps({"session_id": "shared", "messages": items}), encoding="utf-8"
+    )
+    meta = {
+        "session_id": "shared",
+        "created_at": "2026-01-01T00:00:00",
+        "user_id": "u2",
+        "last_active": "2026-01-01T00:00:00",
+        "users": ["u1", "u2"],
+        "message_count": 4,
+    }
+    (root / f"{name}.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+def test_a_later_write_keeps_the_earlier_writers_of_a_session(tmp_path: Path) -> None:
+    """After the owner writes again, a forget of the other writer still finds the session."""
+    _legacy_two_writer_session(tmp_path)
+    files = SessionFileArchive(tmp_path)
+    files.add_messages("shared", turn(2), user_id="u2")  # the owner (the meta file's user)
+
+    assert files.forget(user_id="u1") == 2
+    assert files.get_messages("shared") == turn(1) + turn(2)
+    assert [m.user_id for m in files.history("shared")] == ["u2"] * 4
+    assert files.sessions("u1") == []
+    left = tree(tmp_path)
+    assert not any(b"question 0" in content for content in left.values())
+    assert not any(b"u1" in content for content in left.values())
+
+
+def test_history_names_each_writer_of_a_legacy_session(tmp_path: Path) -> None:
+    """Each message's user is who wrote it, not the session's owner (the last writer)."""
+    _legacy_two_writer_session(tmp_path)
+    files = SessionFileArchive(tmp_path)
+    assert [(m.user_id, str(m.message.content)) for m in files.history("shared")] == [
+        ("u1", "question 0"),
+        ("u1", "answer 0"),
+        ("u2", "question 1"),
+        ("u2", "answer 1"),
+    ]
+    assert [m.user_id for m in files.history("shared", before_id=3, limit=1)] == ["u1"]
+
+
 _KILLED_AT_RENAME = r"""
 import os, signal, sys
 from langchain_core.messages import AIMessage, HumanMessage
@@ -1000,6 +1054,25 @@ def test_forget_removes_what_killed_writers_left_in_temporary_files(tmp_path: Pa
     assert writer.wait(timeout=120) == -signal.SIGKILL
     assert files.forget(session_id="theirs") == 2
     assert not any(name.endswith(".tmp") for name in tree(tmp_path))
+
+
+def test_clear_removes_what_a_killed_writer_left_in_temporary_files(tmp_path: Path) -> None:
+    files = SessionFileArchive(tmp_path)  # opened first: its opening cleans up leftovers
+    files.add_messages("s", turn(0), user_id="u1")
+    files.add_messages("other", turn(1), user_id="u2")
+    # A second write of u1 to the session, killed at its commit (the session file's rename).
+    writer = _run(_KILLED_AT_RENAME, str(tmp_path), "s", "u1", "messages")
+    assert writer.wait(timeout=120) == -signal.SIGKILL
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(leftovers) == 2, leftovers  # the session file and its meta copy
+    assert any(b"secret of u1 in s" in p.read_bytes() for p in tmp_path.iterdir())
+
+    assert files.clear("s", user_id="u1", write=True) == 2
+    left = tree(tmp_path)
+    assert not any(name.endswith(".tmp") for name in left), sorted(left)
+    assert not any(b"secret of u1" in content for content in left.values())
+    assert files.get_messages("s") == []
+    assert files.get_messages("other") == turn(1)
 
 
 def test_requesting_background_jobs_is_a_value_error(tmp_path: Path) -> None:

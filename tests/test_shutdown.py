@@ -307,6 +307,34 @@ def test_with_a_history_drains_its_tiers_and_keeps_them_running(
     assert len(catalog(backup, "s2")) == 1
 
 
+def test_a_history_shutdown_keeps_its_own_bound_over_the_tiers_longer_one(
+    make_memory: Any, backup: MySQLBackup
+) -> None:
+    """``history.shutdown(0.5)`` returns in about 0.5 s though the tier would wait 60 s."""
+    before = workers()
+    memory = make_memory(
+        start_worker=True,
+        extractor=SleepyModel(delay=5.0),
+        extract_timeout=120,
+        drain_timeout=60,
+    )
+    history = TieredChatMessageHistory("s1", backup=backup, long_memory=memory)
+    history.add_messages(turn(1))
+    started = time.monotonic()
+    left = history.shutdown(0.5)
+    seconds = time.monotonic() - started
+    # It returned before the 5 s extraction ended: the job is left queued, no memory yet.
+    assert seconds < 1.5, seconds
+    assert left == 1
+    assert len(queued(backup)) == 1
+    assert catalog(backup, "s1") == []
+    # The tier keeps running (other histories may share it) and finishes the job.
+    assert memory.drain(60) == 0
+    assert len(catalog(backup, "s1")) == 1
+    assert memory.shutdown(30) == 0
+    assert wait_until(lambda: new_workers(before) == [], timeout=120)
+
+
 def test_with_a_history_releases_an_archive_it_opened(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'own.db'}"
     with TieredChatMessageHistory("s1", backup=url) as history:
