@@ -918,6 +918,8 @@ def test_forget_of_a_user_reaches_every_session_they_wrote(tmp_path: Path) -> No
         }
         for m in turn(1)
     ]
+    # The session file holds the session's fields (its meta file is a copy of them).
+    data.update(user_id="u2", users=["u1", "u2"], message_count=4)
     shared.write_text(json.dumps(data), encoding="utf-8")
     meta = read_json(shared_meta)
     meta.update(user_id="u2", users=["u1", "u2"], message_count=4)
@@ -930,11 +932,13 @@ def test_forget_of_a_user_reaches_every_session_they_wrote(tmp_path: Path) -> No
     data = read_json(legacy)
     for item in data["messages"]:
         item.pop("user_id", None)
+    data.pop("users", None)
     legacy.write_text(json.dumps(data), encoding="utf-8")
     meta = read_json(legacy_meta)
     meta.pop("users", None)
     legacy_meta.write_text(json.dumps(meta), encoding="utf-8")
     assert {i.session_id for i in files.sessions("u1")} == {"shared", "mine", "legacy"}
+    assert {i.session_id for i in files.sessions("u2")} == {"shared", "theirs"}
     theirs = {k: v for k, v in tree(tmp_path).items() if k.startswith(safe_filename("theirs"))}
 
     assert files.forget(user_id="u1") == 6
