@@ -242,6 +242,25 @@ def test_the_newer_value_ranks_first_by_when_it_was_said_not_when_it_was_importe
     assert "green" in top.page_content
 
 
+def test_summaries_that_differ_only_by_articles_are_merged(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    first = "The AR table has a due date."
+    bare = "AR table has due date"  # no article at all
+    extractor = FakeExtractor()
+    memory = make_memory(extractor=extractor)
+    chat = history(backup, memory, "articles")
+    for text in (first, bare):
+        extractor.answer = text
+        say(chat, f"turn about {text[:8]}")
+        memory.run_pending()
+    rows = catalog(backup)
+    assert [row.text for row in rows] == [first]
+    turns = turn_ids(backup, "articles")
+    assert sources(rows[0]) == turns[0] + turns[1]
+    assert memory.collection.count() == 1
+
+
 def test_identical_turns_still_dedupe(make_memory: MakeMemory, backup: MySQLBackup) -> None:
     memory = make_memory(embedding=SameVectorEmbeddings())
     chat = history(backup, memory, "same")

@@ -224,7 +224,9 @@ def test_search_since_and_until_filter_on_when_the_turn_happened(
     assert search(since=date(2023, 5, 9), until=datetime(2023, 6, 1)) == ["2023-05-25"]
     assert search(since="1:00 pm on 1 June, 2023") == ["2023-06-09"]
     assert search(since="2024-01-01") == []
-    # No word matches: the newest memories of the window, still inside it.
+    # No word matches "zzz", yet HashEmbeddings gives every memory a dense score: these
+    # are the window's memories ranked by it, still inside it (the fallback for when
+    # nothing scores at all is tested without the dense side, below).
     assert days(meetings.search("zzz", user_id="u1", scope="user", until="2023-05-30")) == [
         "2023-05-08",
         "2023-05-25",
@@ -239,6 +241,39 @@ def test_search_since_and_until_filter_on_when_the_turn_happened(
         meetings.search(
             "budget", user_id="u1", scope="user", since="2023-06-01", until="2023-05-01"
         )
+
+
+def test_search_memories_passes_its_window_on(meetings: ChromaLongMemory) -> None:
+    chat = history(meetings.backup, meetings, "meeting-2")
+    for window in ({"until": "2023-05-25"}, {"since": "2023-05-20", "until": "2023-06-01"}):
+        found = chat.search_memories("warehouse budget", k=5, scope="user", **window)
+        direct = meetings.search("warehouse budget", user_id="u1", scope="user", k=5, **window)
+        assert [doc.id for doc in found] == [doc.id for doc in direct], window
+        assert all(doc.metadata["turn_at"][:10] <= window["until"] for doc in found), window
+    assert days(chat.search_memories("budget", scope="user", until="2023-05-25")) == [
+        "2023-05-08",
+        "2023-05-25",
+    ]
+    assert days(
+        chat.search_memories("budget", scope="user", since="2023-05-20", until="2023-06-01")
+    ) == ["2023-05-25"]
+
+
+def test_when_no_memory_scores_the_newest_memories_inside_the_window_are_returned(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(dense_weight=0.0)  # words alone score
+    chat = history(backup, memory, "fallback")
+    for n, day in enumerate(["2020-02-01", "2020-02-02", "2020-02-03"]):  # inside the window
+        chat.add_messages(dated(f"Old turn about tea {n}.", day))
+    for n in range(4):  # newer than the window, and stored last
+        chat.add_messages(dated(f"New turn about bikes {n}.", "2024-03-01"))
+    memory.run_pending()
+
+    found = memory.search("zzz-no-word-matches", session_id="fallback", k=2, until="2020-12-31")
+    assert len(found) == 2
+    assert all(doc.metadata["turn_at"] <= "2020-12-31" for doc in found)
+    assert days(found) == ["2020-02-02", "2020-02-03"]  # the window's newest two
 
 
 def test_a_window_holding_no_memory_answers_without_embedding_the_query(

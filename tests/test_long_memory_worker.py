@@ -138,6 +138,23 @@ def test_worker_wakes_on_its_own_jobs_and_close_stops_it(
     assert memory._thread is None
 
 
+async def test_worker_wakes_on_its_own_async_jobs(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    memory = make_memory(start_worker=True, poll_interval=30.0)  # it would poll very rarely
+    thread = memory._thread
+    assert thread is not None and thread.is_alive()
+    await asyncio.sleep(0.1)  # let it go idle
+    started = time.monotonic()
+    chat = history(backup, memory, "aw")
+    await chat.aadd_messages([HumanMessage("wake up async"), AIMessage("awake")])
+    await backup.adispose()
+    assert wait_until(lambda: len(catalog(backup)) == 1, timeout=10)
+    assert time.monotonic() - started < 5  # notify, not the 30 s poll
+    memory.close()
+    assert not thread.is_alive()
+
+
 def test_flush_processes_everything_and_close_leaves_pending_jobs(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:
