@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import zipfile
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -630,6 +631,22 @@ def test_texts_unlike_prose_are_not_undercounted(name: str, text: str) -> None:
     assert 0.75 * cl100k <= estimate_tokens(text) <= 2.5 * cl100k, name
 
 
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "tool_use", "id": "a", "name": "t", "input": "{json as a string}"},
+        {"type": "tool_call", "id": "a", "name": "t", "args": "{json as a string}"},
+    ],
+)
+def test_a_call_given_as_a_block_counts_its_arguments_whatever_their_shape(
+    block: dict[str, Any],
+) -> None:
+    text = "invoice line " * 5000
+    key = "input" if block["type"] == "tool_use" else "args"
+    message = AIMessage([{**block, key: json.dumps({"text": text})}])
+    assert estimate_tokens(message) >= estimate_tokens(text)
+
+
 def test_a_huge_message_built_to_fool_the_sampling_stays_out_of_a_window(
     backup: MySQLBackup,
 ) -> None:
@@ -699,12 +716,18 @@ def test_bad_token_counter_is_a_type_error() -> None:
         (True, TypeError),
     ],
 )
+@pytest.mark.parametrize("per", ["list", "message"])
 def test_a_token_counter_that_answers_no_count_is_refused_by_name(
-    backup: MySQLBackup, answer: Any, error: type[Exception]
+    backup: MySQLBackup, answer: Any, error: type[Exception], per: str
 ) -> None:
-    # A negative or NaN count let every turn into a window of 1,000 tokens.
+    # A negative or NaN count let every turn into a window of 1,000 tokens; a count
+    # per message is checked one by one (a negative one cancelled a large one).
+    def per_message(message: BaseMessage) -> Any:
+        return answer if message.type == "ai" else 500
+
+    counter = per_message if per == "message" else lambda messages: answer
     history = TieredChatMessageHistory(
-        "counted", backup=backup, window_max_tokens=1000, token_counter=lambda messages: answer
+        "counted", backup=backup, window_max_tokens=1000, token_counter=counter
     )
     history.add_messages([HumanMessage("q " * 2000), AIMessage("a")])
     with pytest.raises(error, match="token_counter must return"):
@@ -712,10 +735,15 @@ def test_a_token_counter_that_answers_no_count_is_refused_by_name(
     assert backup.get_messages("counted")[1].content == "a"  # nothing stored is touched
 
 
-def test_a_token_counter_may_answer_a_fraction_or_a_numpy_int(backup: MySQLBackup) -> None:
+def test_a_token_counter_may_answer_any_kind_of_number(backup: MySQLBackup) -> None:
     import numpy as np
 
-    for counter in (lambda m: 2.5 * len(m), lambda m: np.int64(3 * len(m))):
+    for counter in (
+        lambda m: 2.5 * len(m),
+        lambda m: np.int64(3 * len(m)),
+        lambda m: np.array(1.5 * len(m)),
+        lambda m: Decimal(len(m)),
+    ):
         history = TieredChatMessageHistory("counted", backup=backup, token_counter=counter)
         history.add_messages([HumanMessage("q"), AIMessage("a")])
         assert [m.content for m in history.messages][-2:] == ["q", "a"]

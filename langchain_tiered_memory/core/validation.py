@@ -450,26 +450,32 @@ def check_int(name: str, value: Any, minimum: int = 1, maximum: int = MAX_COUNT)
 
 
 def check_token_count(value: Any) -> int:
-    """``value`` as an int if it is a token count: a finite real number of at least 0.
+    """``value`` as an int if it is a token count: a finite number of at least 0.
 
     What a caller's ``token_counter`` answers is checked before a budget adds it
-    up: a negative or NaN count would let everything in, a ``None`` fail later. A
-    fraction is rounded up, so a budget never takes in more than it holds.
+    up: a negative or NaN count would let everything in, a ``None`` fail later. An
+    int, a float, a ``Decimal`` or a numpy scalar is a number; a fraction is rounded
+    up, so a budget never takes in more than it holds.
 
     Raises:
-        TypeError: If it is not a number (a bool is not one here).
+        TypeError: If it is not a number (a bool or a string is not one here).
         ValueError: If it is negative, NaN or infinite.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool | str | bytes) or not hasattr(type(value), "__float__"):
         msg = f"token_counter must return a number of tokens, got {_shown(value)}"
         raise TypeError(msg)
-    # An integer is never turned into a float: it may be too large for one.
-    if value < 0 or not (isinstance(value, numbers.Integral) or math.isfinite(value)):
+    if isinstance(value, numbers.Integral):  # never a float: it may be too large for one
+        count: float = int(value)
+    else:
+        try:
+            count = float(value)
+        except (TypeError, ValueError):  # an array of several values
+            msg = f"token_counter must return a number of tokens, got {_shown(value)}"
+            raise TypeError(msg) from None
+    if count < 0 or not (isinstance(count, int) or math.isfinite(count)):
         msg = f"token_counter must return a finite count of at least 0, got {_shown(value)}"
         raise ValueError(msg)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    return math.ceil(float(value))
+    return count if isinstance(count, int) else math.ceil(count)
 
 
 def check_optional_int(

@@ -16,10 +16,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
-from langchain_tiered_memory.core.turns import tool_calls_of
 from langchain_tiered_memory.core.validation import check_int, check_token_count
 from langchain_tiered_memory.text.media import media_kind, media_tokens
 
@@ -215,7 +214,12 @@ def _content_parts(blocks: list[Any], calls: bool, parts: list[str], depth: int 
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
-    calls = tool_calls_of(message)
+    # The calls a message holds as data; call blocks repeat them and are skipped. A
+    # call given only as a block (no tool_calls) is counted as the block's text,
+    # whatever shape its arguments have.
+    calls = (
+        [*message.tool_calls, *message.invalid_tool_calls] if isinstance(message, AIMessage) else []
+    )
     fixed = 0
     if isinstance(content, str):
         text = content
@@ -313,7 +317,8 @@ def _any_counter(token_counter: TokenCounter) -> Callable[[Sequence[BaseMessage]
     # The annotation tells which of the two callables it is; mypy cannot follow that.
     if params and params[0].annotation in (BaseMessage, "BaseMessage"):
         per_message = cast(Callable[[BaseMessage], int], token_counter)
-        return lambda messages: sum(per_message(m) for m in messages)
+        # Each answer is checked: one negative count must not cancel another.
+        return lambda messages: sum(check_token_count(per_message(m)) for m in messages)
     per_list = cast(Callable[[list[BaseMessage]], int], token_counter)
     return lambda messages: per_list(list(messages))
 
