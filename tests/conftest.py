@@ -8,6 +8,7 @@ database ``test``). Locally an unreachable server skips the MySQL cases; in CI
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -48,6 +50,20 @@ def require_mysql() -> None:
     if IN_CI:
         pytest.fail(f"MySQL at {MYSQL_URL} is unreachable in CI: {reason}")
     pytest.skip(f"MySQL at {MYSQL_URL} is unreachable (CI would fail): {reason}")
+
+
+def require_module(name: str, extra: str) -> ModuleType:
+    """Import ``name``, an optional dependency: skip locally, fail in CI, when it is missing.
+
+    For a test module's top level, in place of ``pytest.importorskip`` (which skips in CI too).
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        error = str(exc)
+    if IN_CI:
+        pytest.fail(f"{name} is missing in CI (the {extra!r} extra): {error}", pytrace=False)
+    pytest.skip(f"{name} is missing (the {extra!r} extra; CI would fail)", allow_module_level=True)
 
 
 def _drop(backup: MySQLBackup) -> None:

@@ -24,9 +24,11 @@ from typing import Any
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="needs the 'notebooks' extra")
-nbclient = pytest.importorskip("nbclient", reason="needs the 'notebooks' extra")
-pytest.importorskip("ipykernel.kernelspec", reason="needs the 'notebooks' extra")
+from .conftest import require_module
+
+nbformat = require_module("nbformat", "notebooks")
+nbclient = require_module("nbclient", "notebooks")
+require_module("ipykernel.kernelspec", "notebooks")
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

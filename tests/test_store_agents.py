@@ -22,7 +22,9 @@ from langgraph.store.base import InvalidNamespaceError
 
 from langchain_tiered_memory import MySQLBackup, TieredStore
 
-langmem = pytest.importorskip("langmem")  # in the agents and dev extras
+from .conftest import require_module
+
+langmem = require_module("langmem", "agents")  # in the agents and dev extras
 
 
 class ToolScript(GenericFakeChatModel):

@@ -322,3 +322,31 @@ async def test_fields_named_like_operators_filter_as_in_memory_store(
     finally:
         await store.backup.adispose()
         store.metadata.drop_all(backup.engine)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_eleven_or_more_equal_scores_keep_in_memory_stores_order(
+    stores: tuple[TieredStore, Any], variant: str, mode: str
+) -> None:
+    # Past ten items a tie broken on positions as strings puts the 11th ("10") before the 3rd.
+    store, make_reference = stores
+    reference = make_reference()
+    keys = [f"k{n:02d}" for n in range(12)]
+    random.Random(5).shuffle(keys)  # store order is not key order
+    try:
+        for key in keys:
+            for target in (store, reference):
+                target.put(("docs",), key, {"text": "invoice ledger report"})
+        for op in (
+            SearchOp(("docs",), query="invoice", limit=12),
+            SearchOp(("docs",), query="ledger", limit=4, offset=8),
+            SearchOp(("docs",), limit=12),
+        ):
+            expected = reference.batch([op])[0]
+            got = (store.batch([op]) if mode == "sync" else await store.abatch([op]))[0]
+            assert [hit.key for hit in got] == [hit.key for hit in expected], op  # type: ignore[union-attr]
+            if variant == "embedded":  # the same scores too (without one, BM25 scores)
+                assert comparable(got) == comparable(expected), op
+        assert len(expected) == 12 and [hit.key for hit in expected] == keys  # type: ignore[arg-type]
+    finally:
+        await store.backup.adispose()
