@@ -176,6 +176,22 @@ def test_a_call_the_archive_holds_no_result_of_gets_a_stand_in_in_the_window(
     assert narrow.messages == window[7:]
 
 
+def test_a_result_archived_after_another_message_is_moved_up_to_its_call(
+    backup: MySQLBackup,
+) -> None:
+    # Written out of order (a progress note between a call and its result): the
+    # window answered the call with a stand-in and then gave it its result too.
+    history = TieredChatMessageHistory("late", backup=backup)
+    call = AIMessage("", tool_calls=[{"name": "lookup", "args": {}, "id": "x"}])
+    note, result = AIMessage("still working on it"), ToolMessage("found it", tool_call_id="x")
+    written = [HumanMessage("q"), call, note, result, AIMessage("done")]
+    history.add_messages(written)
+    window = history.messages
+    assert window == [written[0], call, result, note, written[4]]
+    validate_conversation([*window, HumanMessage("next")])
+    assert backup.get_messages("late") == written
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):

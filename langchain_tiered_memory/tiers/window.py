@@ -38,34 +38,48 @@ def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessa
 
 
 def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Give each tool call without a result a stand-in result (:data:`UNANSWERED`).
+    """Answer each tool call right after it: with its result, else a stand-in.
 
     Chat providers refuse a conversation in which a call is not answered before
     the next message. The archive can hold one: a ``create_agent`` run that ended
     on a call with malformed arguments (the agent answers those in its prompt
-    only), or a writer stopped between a call and its results. The stand-ins
-    follow the call's own results, in the window only; the archive is unchanged.
+    only), a writer stopped between a call and its results, or a result written
+    after another message. A result that comes later is moved up to its call; a
+    call with none gets :data:`UNANSWERED`. In the window only: the archive is
+    unchanged.
     """
+    first_result: dict[str, int] = {}
+    for index, message in enumerate(messages):
+        if isinstance(message, ToolMessage):
+            first_result.setdefault(message.tool_call_id, index)
+    moved: set[int] = set()
     kept: list[BaseMessage] = []
     waiting: dict[str, str] = {}  # id -> tool name, of the calls not answered yet
 
-    def answer_waiting() -> None:
-        kept.extend(
-            ToolMessage(UNANSWERED, tool_call_id=call_id, name=name, status="error")
-            for call_id, name in waiting.items()
-        )
+    def answer_waiting(now: int) -> None:
+        for call_id, name in waiting.items():
+            later = first_result.get(call_id, -1)
+            if later > now:
+                moved.add(later)
+                kept.append(messages[later])
+            else:
+                kept.append(
+                    ToolMessage(UNANSWERED, tool_call_id=call_id, name=name, status="error")
+                )
         waiting.clear()
 
-    for message in messages:
+    for index, message in enumerate(messages):
+        if index in moved:
+            continue
         if isinstance(message, ToolMessage):
             waiting.pop(message.tool_call_id, None)
         else:
-            answer_waiting()
+            answer_waiting(index)
         kept.append(message)
         for call in tool_calls_of(message):
             if call_id := call.get("id"):
                 waiting[call_id] = call.get("name") or "tool"
-    answer_waiting()
+    answer_waiting(len(messages))
     return kept
 
 
@@ -82,8 +96,8 @@ def select_window(
     messages before the first human message are dropped, so a window never
     starts with an AI, tool or system message.
 
-    Within a turn, a tool result without its call is dropped and a call without
-    its result gets a stand-in one (:func:`answer_open_calls`), so the window is a
+    Within a turn, a tool result without its call is dropped and each call is
+    answered right after it (:func:`answer_open_calls`), so the window is a
     conversation providers accept.
 
     Turns are dropped whole, oldest first. As with ``trim_messages``, the budget is
