@@ -11,6 +11,7 @@ from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     ChatMessage,
+    FunctionMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
@@ -310,6 +311,21 @@ def test_chat_messages_are_counted_and_labelled_as_the_role_they_name() -> None:
     digest = compressed[0].additional_kwargs[SUMMARY_KEY]
     assert (digest["user"], digest["ai"], digest["tool"]) == (1, 1, 0)
     assert [entry.split(":")[0] for entry in digest["timeline"]] == ["User", "Assistant"]
+
+
+def test_every_folded_message_is_counted_whatever_its_role() -> None:
+    folded: list[BaseMessage] = [
+        HumanMessage("What were the totals? " * 30),
+        ChatMessage("Check the ledger first. " * 30, role="critic"),
+        ChatMessage("ledger: 1,234 EUR " * 30, role="tool"),
+        FunctionMessage("fx: 1.08 " * 30, name="fx"),
+        AIMessage("The totals are 1,234 EUR. " * 30),
+    ]
+    compressor = ContextCompressor(compress_threshold=50, preserve_count=1, language="en")
+    compressed = compressor.compress([*folded, HumanMessage("And last year?")])
+    digest = compressed[0].additional_kwargs[SUMMARY_KEY]
+    assert (digest["user"], digest["ai"], digest["tool"], digest["other"]) == (1, 1, 2, 1)
+    assert "- 5 messages compressed" in compressed[0].content
 
 
 def test_folding_short_messages_never_makes_the_prompt_larger() -> None:

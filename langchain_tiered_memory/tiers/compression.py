@@ -87,6 +87,8 @@ class _Digest:
     user: int = 0
     ai: int = 0
     tool: int = 0
+    #: Messages of other roles (a ChatMessage "critic", a system message mid-way).
+    other: int = 0
     tools: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
@@ -98,7 +100,7 @@ class _Digest:
 
     @property
     def total(self) -> int:
-        return self.user + self.ai + self.tool
+        return self.user + self.ai + self.tool + self.other
 
 
 def _text(message: BaseMessage) -> str:
@@ -377,6 +379,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             digest.user += old.user
             digest.ai += old.ai
             digest.tool += old.tool
+            digest.other += old.other
             digest.repeats += old.repeats
             digest.omitted += old.omitted
             digest.dropped += old.dropped
@@ -417,7 +420,11 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 seen_outputs.add(key)
                 digest.seen_outputs.append(key)
                 label = f"{roles['tool']}({name})"
+            elif role in ("tool", "function"):  # a ChatMessage "tool", a FunctionMessage
+                digest.tool += 1
+                label = roles["tool"]
             else:
+                digest.other += 1
                 label = roles.get(role, role)
             if not isinstance(message, ToolMessage) and any(
                 word in text[:2000].lower() for word in PENDING_WORDS
