@@ -192,6 +192,23 @@ def test_a_result_archived_after_another_message_is_moved_up_to_its_call(
     assert backup.get_messages("late") == written
 
 
+def test_each_call_gets_one_result_even_when_the_archive_holds_two(backup: MySQLBackup) -> None:
+    # A result written twice, and a call id a later message used again: the window
+    # answered a call twice, or gave the reused id a stand-in and its result too.
+    def call(call_id: str) -> AIMessage:
+        return AIMessage("", tool_calls=[{"name": "lookup", "args": {}, "id": call_id}])
+
+    a1, b1 = ToolMessage("a once", tool_call_id="a"), ToolMessage("b", tool_call_id="b")
+    twice = ToolMessage("a again", tool_call_id="a")
+    note, r2 = AIMessage("working"), ToolMessage("a, asked again", tool_call_id="a")
+    written = [HumanMessage("q"), call("a"), a1, call("b"), twice, b1, call("a"), note, r2]
+    history = TieredChatMessageHistory("twice", backup=backup)
+    history.add_messages(written)
+    window = history.messages
+    assert window == [written[0], written[1], a1, written[3], b1, written[6], r2, note]
+    validate_conversation([*window, HumanMessage("next")])
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):

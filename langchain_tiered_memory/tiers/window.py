@@ -38,30 +38,31 @@ def drop_orphan_tool_messages(messages: Sequence[BaseMessage]) -> list[BaseMessa
 
 
 def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """Answer each tool call right after it: with its result, else a stand-in.
+    """Answer each tool call right after it, once: with its result, else a stand-in.
 
     Chat providers refuse a conversation in which a call is not answered before
-    the next message. The archive can hold one: a ``create_agent`` run that ended
-    on a call with malformed arguments (the agent answers those in its prompt
-    only), a writer stopped between a call and its results, or a result written
-    after another message. A result that comes later is moved up to its call; a
-    call with none gets :data:`UNANSWERED`. In the window only: the archive is
-    unchanged.
+    the next message, or answered twice. The archive can hold one: a
+    ``create_agent`` run that ended on a call with malformed arguments (the agent
+    answers those in its prompt only), a writer stopped between a call and its
+    results, a result written after another message, a result written twice. A
+    result that comes later is moved up to its call, a call with none gets
+    :data:`UNANSWERED`, and a result that answers no open call is left out. In the
+    window only: the archive is unchanged.
     """
-    first_result: dict[str, int] = {}
+    results: dict[str, list[int]] = {}
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage):
-            first_result.setdefault(message.tool_call_id, index)
+            results.setdefault(message.tool_call_id, []).append(index)
     moved: set[int] = set()
     kept: list[BaseMessage] = []
     waiting: dict[str, str] = {}  # id -> tool name, of the calls not answered yet
 
     def answer_waiting(now: int) -> None:
         for call_id, name in waiting.items():
-            later = first_result.get(call_id, -1)
-            if later > now:
-                moved.add(later)
-                kept.append(messages[later])
+            later = [i for i in results.get(call_id, ()) if i > now and i not in moved]
+            if later:
+                moved.add(later[0])
+                kept.append(messages[later[0]])
             else:
                 kept.append(
                     ToolMessage(UNANSWERED, tool_call_id=call_id, name=name, status="error")
@@ -72,9 +73,10 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         if index in moved:
             continue
         if isinstance(message, ToolMessage):
-            waiting.pop(message.tool_call_id, None)
-        else:
-            answer_waiting(index)
+            if waiting.pop(message.tool_call_id, None) is not None:
+                kept.append(message)
+            continue  # a second result, or one whose call is not open
+        answer_waiting(index)
         kept.append(message)
         for call in tool_calls_of(message):
             if call_id := call.get("id"):
