@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.messages import (
     AIMessage,
@@ -678,6 +679,10 @@ def test_a_call_given_as_a_block_counts_its_arguments_whatever_their_shape(
     key = "input" if block["type"] == "tool_use" else "args"
     message = AIMessage([{**block, key: json.dumps({"text": text})}])
     assert estimate_tokens(message) >= estimate_tokens(text)
+    # Beside a call the message holds as data (another id): still counted.
+    other = {"name": "u", "args": {}, "id": "b"}
+    both = AIMessage([{**block, key: {"text": text}}, {**block, "id": "b"}], tool_calls=[other])
+    assert estimate_tokens(both) >= estimate_tokens(text)
 
 
 def test_a_huge_message_built_to_fool_the_sampling_stays_out_of_a_window(
@@ -747,6 +752,7 @@ def test_bad_token_counter_is_a_type_error() -> None:
         (None, TypeError),
         ("12", TypeError),
         (True, TypeError),
+        (np.True_, TypeError),
     ],
 )
 @pytest.mark.parametrize("per", ["list", "message"])

@@ -461,7 +461,12 @@ def check_token_count(value: Any) -> int:
         TypeError: If it is not a number (a bool or a string is not one here).
         ValueError: If it is negative, NaN or infinite.
     """
-    if isinstance(value, bool | str | bytes) or not hasattr(type(value), "__float__"):
+    # numpy's bool is named "bool" too, and is no more a count than Python's.
+    if (
+        isinstance(value, str | bytes)
+        or type(value).__name__ == "bool"
+        or not hasattr(type(value), "__float__")
+    ):
         msg = f"token_counter must return a number of tokens, got {_shown(value)}"
         raise TypeError(msg)
     if isinstance(value, numbers.Integral):  # never a float: it may be too large for one

@@ -190,8 +190,14 @@ def _inner_blocks(block: dict[str, Any]) -> list[Any] | None:
     return list(content) if isinstance(content, list) else None
 
 
-def _content_parts(blocks: list[Any], calls: bool, parts: list[str], depth: int = 0) -> int:
-    """Add the text of ``blocks`` to ``parts``; return the fixed tokens of their media."""
+def _content_parts(
+    blocks: list[Any], calls: frozenset[str], parts: list[str], depth: int = 0
+) -> int:
+    """Add the text of ``blocks`` to ``parts``; return the fixed tokens of their media.
+
+    A call block that repeats one of ``calls`` (the message's calls, by id) is left
+    out: those are counted from the message's calls.
+    """
     fixed = 0
     for block in blocks:
         if isinstance(block, str):
@@ -203,7 +209,11 @@ def _content_parts(blocks: list[Any], calls: bool, parts: list[str], depth: int 
                 fixed += _content_parts(inner, calls, parts, depth + 1)
             elif media_kind(block) is not None:
                 fixed += media_tokens(block, _text_tokens)
-            elif not (calls and isinstance(kind, str) and kind in _CALL_BLOCKS):
+            elif not (
+                isinstance(kind, str)
+                and kind in _CALL_BLOCKS
+                and (block.get("id") in calls or block.get("call_id") in calls)
+            ):
                 parts.append(_block_text(block))
     return fixed
 
@@ -211,18 +221,19 @@ def _content_parts(blocks: list[Any], calls: bool, parts: list[str], depth: int 
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
-    # The calls a message holds as data; call blocks repeat them and are skipped. A
-    # call given only as a block (no tool_calls) is counted as the block's text,
-    # whatever shape its arguments have.
+    # The calls a message holds as data; a block repeating one is skipped. A call
+    # given only as a block is counted as the block's text, whatever shape its
+    # arguments have.
     calls = (
         [*message.tool_calls, *message.invalid_tool_calls] if isinstance(message, AIMessage) else []
     )
+    call_ids = frozenset(str(call.get("id")) for call in calls if call.get("id"))
     fixed = 0
     if isinstance(content, str):
         text = content
     else:
         parts: list[str] = []
-        fixed = _content_parts(content, bool(calls), parts)
+        fixed = _content_parts(content, call_ids, parts)
         text = "\n".join(parts)
     audio = message.additional_kwargs.get("audio")
     if isinstance(audio, dict):  # an OpenAI audio answer, sent back to the model by its id
