@@ -328,6 +328,28 @@ def test_every_folded_message_is_counted_whatever_its_role() -> None:
     assert "- 5 messages compressed" in compressed[0].content
 
 
+@pytest.mark.parametrize("as_", ["ToolMessage", "FunctionMessage", "ChatMessage"])
+def test_tool_results_of_every_shape_are_folded_alike(as_: str) -> None:
+    # A repeated output is counted, not repeated, and a tool's "next page" is no
+    # pending work of the conversation's.
+    def result(n: int) -> BaseMessage:
+        text = "Result page 1 of 9; next page token abc " * 20
+        if as_ == "ToolMessage":
+            return ToolMessage(text, tool_call_id=f"c{n}", name="pages")
+        if as_ == "FunctionMessage":
+            return FunctionMessage(text, name="pages")
+        return ChatMessage(text, role="tool")
+
+    folded: list[BaseMessage] = []
+    for n in range(3):
+        folded += [HumanMessage(f"page {n}?"), *_tool_round(f"c{n}", 1)[:1], result(n)]
+    compressor = ContextCompressor(compress_threshold=50, preserve_count=1, language="en")
+    compressed = compressor.compress([*folded, HumanMessage("done?")])
+    digest = compressed[0].additional_kwargs[SUMMARY_KEY]
+    assert (digest["tool"], digest["repeats"]) == (3, 2)
+    assert digest["pending"] == []
+
+
 def test_folding_short_messages_never_makes_the_prompt_larger() -> None:
     # A summary has a size of its own: folding "hi"/"hello" would grow this prompt,
     # which must then not be deleted from (level 2) or refused (level 3).

@@ -409,9 +409,10 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 if not text and calls:
                     text = "→ " + ", ".join(names)
                 label = roles["ai"]
-            elif isinstance(message, ToolMessage):
+            elif role in ("tool", "function"):  # a FunctionMessage, a ChatMessage "tool" too
                 digest.tool += 1
-                name = message.name or tool_names.get(message.tool_call_id, "tool")
+                call_id = getattr(message, "tool_call_id", "")
+                name = message.name or tool_names.get(call_id, "tool")
                 _add_tool(digest, name)
                 key = _output_key(name, text)
                 if key in seen_outputs:
@@ -420,13 +421,10 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 seen_outputs.add(key)
                 digest.seen_outputs.append(key)
                 label = f"{roles['tool']}({name})"
-            elif role in ("tool", "function"):  # a ChatMessage "tool", a FunctionMessage
-                digest.tool += 1
-                label = roles["tool"]
             else:
                 digest.other += 1
                 label = roles.get(role, role)
-            if not isinstance(message, ToolMessage) and any(
+            if role not in ("tool", "function") and any(
                 word in text[:2000].lower() for word in PENDING_WORDS
             ):
                 digest.pending.append(_short(text, self.entry_chars))
