@@ -346,8 +346,26 @@ def test_tool_results_of_every_shape_are_folded_alike(as_: str) -> None:
     compressor = ContextCompressor(compress_threshold=50, preserve_count=1, language="en")
     compressed = compressor.compress([*folded, HumanMessage("done?")])
     digest = compressed[0].additional_kwargs[SUMMARY_KEY]
-    assert (digest["tool"], digest["repeats"]) == (3, 2)
     assert digest["pending"] == []
+    if as_ == "ChatMessage":  # names neither its tool nor its call: no repeat of any tool's
+        assert (digest["tool"], digest["repeats"], digest["tools"]) == (3, 0, ["sql"])
+    else:
+        assert (digest["tool"], digest["repeats"]) == (3, 2)
+
+
+def test_a_tool_result_of_every_shape_keeps_its_call_when_cut() -> None:
+    call = AIMessage(
+        "Let me look. " * 200, tool_calls=[{"name": "get_weather", "args": {}, "id": "w"}]
+    )
+    for result in (
+        ToolMessage("sunny", tool_call_id="w"),
+        FunctionMessage("sunny", name="get_weather"),
+        ChatMessage("sunny", role="tool"),
+    ):
+        messages = [HumanMessage("Weather?"), call, result, AIMessage("It is sunny.")]
+        compressor = ContextCompressor(compress_threshold=50, preserve_count=2, language="en")
+        kept = [m for m in compressor.compress(messages) if not isinstance(m, SystemMessage)]
+        assert kept[-3:] == [call, result, messages[-1]], type(result).__name__
 
 
 def test_folding_short_messages_never_makes_the_prompt_larger() -> None:

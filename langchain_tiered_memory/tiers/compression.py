@@ -143,7 +143,8 @@ def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:
     result has its calling ``AIMessage`` kept too.
     """
     index = max(0, min(index, len(messages)))
-    while index > 0 and index < len(messages) and isinstance(messages[index], ToolMessage):
+    # A FunctionMessage or a ChatMessage "tool" is a result as well.
+    while 0 < index < len(messages) and role_of(messages[index]) in ("tool", "function"):
         index -= 1
     return index
 
@@ -356,7 +357,9 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             last = ([0, *turn_starts(tail)])[-1]
             first = last + _question_length(tail[last:])
             for cut in [
-                i for i in range(first + 1, len(tail)) if not isinstance(tail[i], ToolMessage)
+                i
+                for i in range(first + 1, len(tail))
+                if role_of(tail[i]) not in ("tool", "function")
             ]:
                 body = tail[:first] + tail[cut:]
                 candidate = self._assemble(head, earlier, body, last, language, dropped=cut - first)
@@ -411,16 +414,20 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 label = roles["ai"]
             elif role in ("tool", "function"):  # a FunctionMessage, a ChatMessage "tool" too
                 digest.tool += 1
+                # A ChatMessage "tool" names neither its tool nor its call: no tool
+                # is listed for it, and its output is no repeat of another tool's.
                 call_id = getattr(message, "tool_call_id", "")
-                name = message.name or tool_names.get(call_id, "tool")
-                _add_tool(digest, name)
-                key = _output_key(name, text)
-                if key in seen_outputs:
-                    digest.repeats += 1
-                    continue
-                seen_outputs.add(key)
-                digest.seen_outputs.append(key)
-                label = f"{roles['tool']}({name})"
+                tool = message.name or tool_names.get(call_id)
+                label = roles["tool"]
+                if tool:
+                    _add_tool(digest, tool)
+                    key = _output_key(tool, text)
+                    if key in seen_outputs:
+                        digest.repeats += 1
+                        continue
+                    seen_outputs.add(key)
+                    digest.seen_outputs.append(key)
+                    label = f"{roles['tool']}({tool})"
             else:
                 digest.other += 1
                 label = roles.get(role, role)
