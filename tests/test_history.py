@@ -210,6 +210,22 @@ def test_each_call_gets_one_result_even_when_the_archive_holds_two(backup: MySQL
     validate_conversation([*window, HumanMessage("next")])
 
 
+def test_a_retried_call_of_the_same_id_gets_its_own_result(backup: MySQLBackup) -> None:
+    # A call with malformed arguments, retried under the same id: the result that
+    # follows the retry is the retry's; the malformed call gets the stand-in.
+    bad = {"type": "invalid_tool_call", "id": "call_0", "name": "rm", "args": "{", "error": ""}
+    malformed = AIMessage("", invalid_tool_calls=[bad])
+    retry = AIMessage("", tool_calls=[{"name": "rm", "args": {"path": "/tmp/x"}, "id": "call_0"}])
+    done = ToolMessage("deleted /tmp/x", tool_call_id="call_0")
+    written = [HumanMessage("delete /tmp/x"), malformed, retry, done, AIMessage("Deleted.")]
+    history = TieredChatMessageHistory("retry", backup=backup)
+    history.add_messages(written)
+    window = history.messages
+    assert window[:2] == written[:2] and window[3:] == written[2:]
+    assert isinstance(window[2], ToolMessage) and window[2].content == UNANSWERED
+    validate_conversation([*window, HumanMessage("next")])
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):
@@ -679,6 +695,8 @@ def test_a_call_given_as_a_block_counts_its_arguments_whatever_their_shape(
     key = "input" if block["type"] == "tool_use" else "args"
     message = AIMessage([{**block, key: json.dumps({"text": text})}])
     assert estimate_tokens(message) >= estimate_tokens(text)
+    # A block whose id is no string is counted as text, not looked up.
+    assert estimate_tokens(AIMessage([{**block, "id": ["x"], key: text}])) >= estimate_tokens(text)
     # Beside a call the message holds as data (another id): still counted.
     other = {"name": "u", "args": {}, "id": "b"}
     both = AIMessage([{**block, key: {"text": text}}, {**block, "id": "b"}], tool_calls=[other])
@@ -753,6 +771,7 @@ def test_bad_token_counter_is_a_type_error() -> None:
         ("12", TypeError),
         (True, TypeError),
         (np.True_, TypeError),
+        (np.array(True), TypeError),
     ],
 )
 @pytest.mark.parametrize("per", ["list", "message"])

@@ -164,7 +164,7 @@ def test_chat_messages_of_user_and_assistant_make_turns(
     assert role_of(ChatMessage("note", role="narrator")) == "chat"  # a role of its own
 
 
-@pytest.mark.parametrize("shape", ["anthropic dicts", "standard blocks"])
+@pytest.mark.parametrize("shape", ["anthropic dicts", "standard blocks", "responses api"])
 def test_a_call_given_only_as_a_content_block_keeps_its_result(
     backup: MySQLBackup, tmp_path: Path, shape: str
 ) -> None:
@@ -178,12 +178,20 @@ def test_a_call_given_only_as_a_content_block_keeps_its_result(
             "name": "get_weather",
             "input": {"city": "Paris"},
         }
-    else:
+    elif shape == "standard blocks":
         call = {
             "type": "tool_call",
             "id": "toolu_1",
             "name": "get_weather",
             "args": {"city": "Paris"},
+        }
+    else:  # OpenAI's Responses API: the call's id is call_id, its id is the item's
+        call = {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "toolu_1",
+            "name": "get_weather",
+            "arguments": {"city": "Paris"},
         }
     messages = convert_to_messages(
         [

@@ -36,8 +36,13 @@ _ROLE_OF_CHAT_ROLE = {
 }
 
 
-#: Content blocks that make a tool call, and the key of their arguments.
-_CALL_BLOCKS = {"tool_use": "input", "tool_call": "args"}
+#: Content blocks that make a tool call: the keys of their call id and arguments
+#: (OpenAI's Responses API names its call ``call_id``; its ``id`` is the item's).
+_CALL_BLOCKS = {
+    "tool_use": ("id", "input"),
+    "tool_call": ("id", "args"),
+    "function_call": ("call_id", "arguments"),
+}
 
 
 def role_of(message: BaseMessage) -> str:
@@ -117,7 +122,8 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
         for block in message.content:
             if not isinstance(block, dict) or block.get("type") not in _CALL_BLOCKS:
                 continue
-            call_id, args = block.get("id"), block.get(_CALL_BLOCKS[block["type"]])
+            id_key, args_key = _CALL_BLOCKS[block["type"]]
+            call_id, args = block.get(id_key), block.get(args_key)
             if isinstance(call_id, str) and call_id and call_id not in known:
                 known.add(call_id)
                 name = block.get("name")

@@ -461,10 +461,12 @@ def check_token_count(value: Any) -> int:
         TypeError: If it is not a number (a bool or a string is not one here).
         ValueError: If it is negative, NaN or infinite.
     """
-    # numpy's bool is named "bool" too, and is no more a count than Python's.
+    # numpy's and torch's booleans (a scalar, a 0-d array) are no more a count than
+    # Python's: their type or dtype names a bool.
     if (
         isinstance(value, str | bytes)
-        or type(value).__name__ == "bool"
+        or type(value).__name__ in ("bool", "bool_")
+        or "bool" in str(getattr(value, "dtype", ""))
         or not hasattr(type(value), "__float__")
     ):
         msg = f"token_counter must return a number of tokens, got {_shown(value)}"

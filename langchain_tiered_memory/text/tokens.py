@@ -212,7 +212,10 @@ def _content_parts(
             elif not (
                 isinstance(kind, str)
                 and kind in _CALL_BLOCKS
-                and (block.get("id") in calls or block.get("call_id") in calls)
+                and any(
+                    isinstance(block.get(key), str) and block[key] in calls
+                    for key in ("id", "call_id")
+                )
             ):
                 parts.append(_block_text(block))
     return fixed

@@ -49,17 +49,29 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     :data:`UNANSWERED`, and a result that answers no open call is left out. In the
     window only: the archive is unchanged.
     """
-    results: dict[str, list[int]] = {}
+    # A result answers the latest call of its id before it (an id used again, by a
+    # retry of a call whose arguments were malformed, is the retry's).
+    results: dict[int, list[int]] = {}  # a call's message index -> its results' indexes
+    latest: dict[str, int] = {}
     for index, message in enumerate(messages):
-        if isinstance(message, ToolMessage):
-            results.setdefault(message.tool_call_id, []).append(index)
+        if isinstance(message, ToolMessage) and message.tool_call_id in latest:
+            results.setdefault(latest[message.tool_call_id], []).append(index)
+        for call in tool_calls_of(message):
+            if call_id := call.get("id"):
+                latest[call_id] = index
     moved: set[int] = set()
     kept: list[BaseMessage] = []
-    waiting: dict[str, str] = {}  # id -> tool name, of the calls not answered yet
+    waiting: dict[str, tuple[str, int]] = {}  # id -> tool name and call index, unanswered
 
     def answer_waiting(now: int) -> None:
-        for call_id, name in waiting.items():
-            later = [i for i in results.get(call_id, ()) if i > now and i not in moved]
+        for call_id, (name, at) in waiting.items():
+            later = [
+                i
+                for i in results.get(at, ())
+                if i > now
+                and i not in moved
+                and getattr(messages[i], "tool_call_id", "") == call_id
+            ]
             if later:
                 moved.add(later[0])
                 kept.append(messages[later[0]])
@@ -80,7 +92,7 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         kept.append(message)
         for call in tool_calls_of(message):
             if call_id := call.get("id"):
-                waiting[call_id] = call.get("name") or "tool"
+                waiting[call_id] = (call.get("name") or "tool", index)
     answer_waiting(len(messages))
     return kept
 
