@@ -328,6 +328,37 @@ def test_every_folded_message_is_counted_whatever_its_role() -> None:
     assert "- 5 messages compressed" in compressed[0].content
 
 
+@pytest.mark.parametrize("as_", ["FunctionMessage", "ChatMessage"])
+def test_level_two_deletes_results_that_name_no_call(as_: str) -> None:
+    # Two huge results of an older function_call: nothing pairs them with their call,
+    # so level 2 deletes them (52c5fa6 kept them with it and refused the prompt).
+    def result(text: str) -> BaseMessage:
+        return (
+            FunctionMessage(text, name="get")
+            if as_ == "FunctionMessage"
+            else ChatMessage(text, role="tool")
+        )
+
+    big = "word " * 8000
+    call = AIMessage("", additional_kwargs={"function_call": {"name": "get", "arguments": "{}"}})
+    messages = [
+        SystemMessage("sys"),
+        HumanMessage("old q"),
+        AIMessage("old a"),
+        HumanMessage("fetch both pages"),
+        call,
+        result(big),
+        result(big),
+        result("short answer of page 3"),
+    ]
+    compressor = ContextCompressor(
+        compress_threshold=2000, force_delete_threshold=5000, error_threshold=10_000
+    )
+    compressed = compressor.compress(messages)
+    assert compressor.measure(compressed) <= 5000
+    assert compressed[-1] == messages[-1] and messages[3] in compressed
+
+
 @pytest.mark.parametrize("as_", ["ToolMessage", "FunctionMessage", "ChatMessage"])
 def test_tool_results_of_every_shape_are_folded_alike(as_: str) -> None:
     # A repeated output is counted, not repeated, and a tool's "next page" is no

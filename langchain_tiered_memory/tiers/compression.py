@@ -357,9 +357,11 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             last = ([0, *turn_starts(tail)])[-1]
             first = last + _question_length(tail[last:])
             for cut in [
+                # Only a ToolMessage names the call it answers: a FunctionMessage or a
+                # ChatMessage "tool" may be deleted without what came before it.
                 i
                 for i in range(first + 1, len(tail))
-                if role_of(tail[i]) not in ("tool", "function")
+                if not isinstance(tail[i], ToolMessage)
             ]:
                 body = tail[:first] + tail[cut:]
                 candidate = self._assemble(head, earlier, body, last, language, dropped=cut - first)
