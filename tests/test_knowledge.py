@@ -642,7 +642,20 @@ def test_a_chroma_error_in_a_later_batch_leaves_the_old_version_and_no_new_chunk
 
 
 @pytest.mark.parametrize(
-    ("metadata", "key"), [({"tags": {"x": 1}}, "'tags'"), ({"$team": "ar"}, "'\\$team'")]
+    ("metadata", "key"),
+    [
+        ({"tags": {"x": 1}}, "'tags'"),
+        ({"$team": "ar"}, "'\\$team'"),
+        # Each failed in Chroma's upsert, after every chunk was embedded, or was lost.
+        ({"title": "t\udc80"}, "'title'"),
+        ({"t\udc80": "x"}, "'t\\\\udc80'"),
+        ({"tags": ["ok", "\ud800"]}, "'tags'"),
+        ({"x": float("nan")}, "'x'"),
+        ({"x": 2**70}, "'x'"),
+        ({"chunk": 3}, "'chunk'"),
+        ({"embedding_model": "mine"}, "'embedding_model'"),
+        ({"score": 0.5}, "'score'"),
+    ],
 )
 def test_a_metadata_entry_chroma_refuses_stores_nothing_and_is_named(
     make_kb: MakeKB, monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any], key: str
@@ -662,6 +675,38 @@ def test_delete_source_deletes_every_source_add_texts_takes(make_kb: MakeKB, sou
 
     assert kb.delete_source(source) == 1
     assert stored_texts(kb) == ["keep me"]
+
+
+@pytest.mark.parametrize("source", ["doc\ud800", 2**63, -(2**63) - 1])
+def test_a_source_no_filter_can_name_is_refused(make_kb: MakeKB, source: Any) -> None:
+    # Chroma's where clause refused them with its own error (not a ValueError).
+    kb = make_kb()
+    kb.add_texts(["keep me"], [{"source": "other"}])
+    with pytest.raises(ValueError, match="metadata key 'source' is refused"):
+        kb.add_texts(["a note"], [{"source": source}])
+    with pytest.raises(ValueError, match="source must"):
+        kb.delete_source(source)
+    assert stored_texts(kb) == ["keep me"]
+
+
+def test_a_lone_surrogate_in_a_text_is_stored_as_the_replacement_character(
+    make_kb: MakeKB,
+) -> None:
+    kb = make_kb()
+    kb.add_texts(["an emoji cut in half: \ud83d here"], [{"source": "s"}])
+    assert stored_texts(kb) == ["an emoji cut in half: \ufffd here"]
+
+
+def test_a_text_without_a_source_split_anew_leaves_no_old_chunk(make_kb: MakeKB) -> None:
+    # Stored again with a larger chunk_size, its old chunks past the new ones stayed
+    # beside it and came back in searches.
+    name = f"kb_{uuid.uuid4().hex[:12]}"
+    text = words("plain", 60)
+    make_kb(collection_name=name, chunk_size=60, chunk_overlap=0).add_texts([text])
+    bigger = make_kb(collection_name=name, chunk_size=4000, chunk_overlap=0)
+    assert bigger.count() > 1
+    bigger.add_texts([text])
+    assert stored_texts(bigger) == [text]
 
 
 def test_a_source_of_none_is_refused(make_kb: MakeKB) -> None:

@@ -34,6 +34,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 
+from langchain_tiered_memory.core.encoding import well_formed
 from langchain_tiered_memory.core.extras import import_extra
 from langchain_tiered_memory.core.validation import EmbeddingDimensionError, check_int
 from langchain_tiered_memory.text.embeddings import OtherModelWarning, model_name
@@ -60,6 +61,11 @@ COLLECTION_METADATA = {"hnsw:space": "cosine"}
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
+#: Metadata keys the knowledge base writes (a chunk's position, its model) or adds to
+#: a search result: a caller's value under one would be lost.
+RESERVED_KEYS = frozenset({"chunk", MODEL_KEY, "score"})
+#: The ints Chroma stores as ints.
+INT64 = (-(2**63), 2**63 - 1)
 #: Writers of one source in this process take turns: two versions written at once
 #: would otherwise delete each other's chunks (each deletes the source's chunks that
 #: are not its own). Striped by collection and source, so the set stays small.
@@ -96,7 +102,8 @@ def source_key(source: Any) -> str:
     Raises:
         ValueError: If ``source`` is ``None`` (Chroma drops a ``None`` value, so
             its chunks could never be found again), not a str, int, float or bool,
-            or a float that is not finite.
+            a float that is not finite, an int Chroma cannot hold (64 bits), or a
+            str with a lone surrogate (which no filter can name).
     """
     if source is None:
         msg = (
@@ -107,10 +114,16 @@ def source_key(source: Any) -> str:
     if isinstance(source, bool):
         return f"bool:{source}"
     if isinstance(source, int):
+        if not INT64[0] <= source <= INT64[1]:
+            msg = f"source must be an int of 64 bits (Chroma's), got {source}"
+            raise ValueError(msg)
         return f"number:{source}"
     if isinstance(source, float) and math.isfinite(source):
         return f"number:{int(source)}" if source.is_integer() else f"number:{source!r}"
     if isinstance(source, str):
+        if well_formed(source) != source:
+            msg = f"source must not hold a lone surrogate, got {source!r}"
+            raise ValueError(msg)
         return f"str:{source}"
     msg = f"source must be a str, int, float or bool (a finite one), got {source!r}"
     raise ValueError(msg)
@@ -131,8 +144,19 @@ def check_metadata(metadata: Mapping[Any, Any], where: str) -> None:
 
     for key, value in metadata.items():
         problem = None
+        values = value if isinstance(value, list) else [value]
         if not isinstance(key, str) or not key or key[0] in "#$":
             problem = "keys must be non-empty str not starting with '#' or '$'"
+        elif key in RESERVED_KEYS:
+            problem = f"the knowledge base writes {', '.join(sorted(RESERVED_KEYS))} itself"
+        elif well_formed(key) != key or any(
+            isinstance(item, str) and well_formed(item) != item for item in values
+        ):
+            problem = "a lone surrogate cannot be stored (UTF-8 cannot encode it)"
+        elif any(isinstance(item, float) and not math.isfinite(item) for item in values):
+            problem = "Chroma drops a value that is not finite"
+        elif any(isinstance(item, int) and not INT64[0] <= item <= INT64[1] for item in values):
+            problem = "Chroma keeps ints of 64 bits (a larger one comes back a float)"
         else:
             try:
                 validate_metadata({key: value})
@@ -160,6 +184,10 @@ class _Document:
             self.metadatas.append({**metadata, "chunk": len(self.chunks)})
             self.chunks.append(chunk)
 
+    def position_id(self, index: int) -> str:
+        """The id of a sourceless text's chunk at ``index`` (see :meth:`ids`)."""
+        return digest(self.key, str(index))[:32]
+
     def ids(self, metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
         """The chunk ids, given the metadata each chunk is stored with.
 
@@ -170,7 +198,7 @@ class _Document:
         position: by position, so adding it again overwrites them.
         """
         if self.source is None:
-            return [digest(self.key, str(index))[:32] for index in range(len(self.chunks))]
+            return [self.position_id(index) for index in range(len(self.chunks))]
         contents = [
             (chunk, json.dumps(metadata, sort_keys=True, default=repr))
             for chunk, metadata in zip(self.chunks, metadatas, strict=True)
@@ -391,6 +419,18 @@ class KnowledgeBase:
                 raise refused from exc
             raise
 
+    def _beyond(self, document: _Document) -> list[str]:
+        """The stored chunks of a sourceless text at positions past its new last one."""
+        found: list[str] = []
+        start = len(document.chunks)
+        while True:
+            page = [document.position_id(i) for i in range(start, start + PAGE)]
+            stored = self.collection.get(ids=page, include=[])["ids"]
+            if not stored:
+                return found
+            found += stored
+            start += PAGE
+
     def _write(self, documents: Sequence[_Document]) -> list[str]:
         """Store documents, each source replacing its old chunks; the ids of the chunks."""
         model = model_name(self.embedding)
@@ -411,6 +451,9 @@ class KnowledgeBase:
             # and both versions stay until the source is added or deleted again.
             old = {i for source in sources for i in self._ids_where({"source": source})}
             self._store(self.collection, ids, chunks, vectors, metadatas)
+            # A text without a source, split in fewer chunks than before (another
+            # chunk_size): its old chunks past the new ones go too.
+            old |= {i for d in documents if d.source is None for i in self._beyond(d)}
             doomed = sorted(old - set(ids))  # after the new chunks are stored: never none
             for start in range(0, len(doomed), PAGE):
                 self.collection.delete(ids=doomed[start : start + PAGE])
@@ -473,8 +516,9 @@ class KnowledgeBase:
                 document = _Document(f"text:{digest(text)}")
                 if document.key in documents:  # the same text twice is stored once
                     continue
+            # A lone surrogate (an emoji cut in half) is stored as U+FFFD, as memories are.
             documents.setdefault(document.key, document).add(
-                self._text_splitter.split_text(text), metadata
+                self._text_splitter.split_text(well_formed(text)), metadata
             )
         return self._write(list(documents.values()))
 
