@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,6 +51,33 @@ def require_mysql() -> None:
     if IN_CI:
         pytest.fail(f"MySQL at {MYSQL_URL} is unreachable in CI: {reason}")
     pytest.skip(f"MySQL at {MYSQL_URL} is unreachable (CI would fail): {reason}")
+
+
+def rows_read(backup: MySQLBackup, table: str, run: Callable[[], Any]) -> int:
+    """How many rows of ``table`` the SELECTs that ``run`` sends return (counted again after).
+
+    Only ``table`` itself is matched (a word: ``<name>_parts`` is another table); a
+    ``SELECT ... FOR UPDATE`` is a lock, not a read, and is left out.
+    """
+    name = re.compile(rf"\b{re.escape(table)}\b")
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and name.search(statement):
+            seen.append((statement, parameters))
+
+    sa.event.listen(backup.engine, "before_cursor_execute", record)
+    try:
+        run()
+    finally:
+        sa.event.remove(backup.engine, "before_cursor_execute", record)
+    assert seen, f"no SELECT on {table} at all"
+    with backup.engine.connect() as conn:
+        return sum(
+            conn.exec_driver_sql(f"SELECT COUNT(*) FROM ({statement}) AS q", parameters).scalar()
+            for statement, parameters in seen
+            if "FOR UPDATE" not in statement.upper()
+        )
 
 
 def require_module(name: str, extra: str) -> ModuleType:

@@ -170,3 +170,15 @@ def wait_until(condition: Any, timeout: float = 20.0, interval: float = 0.02) ->
             return True
         time.sleep(interval)
     return bool(condition())
+
+
+def without_column(backup: MySQLBackup, column: str) -> MySQLBackup:
+    """The archive as an older version left it: ``column`` of the catalog dropped, reopened.
+
+    The reopened backup (the caller disposes of it) has added the column back, empty.
+    """
+    with backup.engine.begin() as conn:
+        conn.exec_driver_sql(f"ALTER TABLE {backup.tables.memories.name} DROP COLUMN {column}")
+    return MySQLBackup(
+        backup.url.render_as_string(hide_password=False), table_name=backup.table.name
+    )

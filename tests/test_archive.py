@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import datetime
 import gc
-import re
 import shutil
 import socket
 import sqlite3
@@ -44,7 +43,7 @@ from langchain_tiered_memory import (
 )
 from langchain_tiered_memory.storage.archive import in_memory, render_url, validate_table_name
 
-from .conftest import MYSQL_URL, _drop, require_mysql
+from .conftest import MYSQL_URL, _drop, require_mysql, rows_read
 
 EVERY_KIND = [
     SystemMessage("你是一个 ERP 助手。", id="sys-1"),
@@ -628,29 +627,6 @@ async def test_async_history_and_tail_refuse_bad_numbers(backup: MySQLBackup) ->
     await backup.adispose()
 
 
-def _message_rows_read(backup: MySQLBackup, run: Callable[[], Any]) -> int:
-    """How many rows of the messages table the SELECTs that ``run`` sends return."""
-    # Only the messages table itself: "<name>_parts" and the other tables do not match.
-    table = re.compile(rf"\b{re.escape(backup.table.name)}\b")
-    seen: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and table.search(statement):
-            seen.append((statement, parameters))
-
-    sa.event.listen(backup.engine, "before_cursor_execute", record)
-    try:
-        run()
-    finally:
-        sa.event.remove(backup.engine, "before_cursor_execute", record)
-    assert seen, "no SELECT on the messages table at all"
-    with backup.engine.connect() as conn:  # the same statements again, counted
-        return sum(
-            conn.exec_driver_sql(f"SELECT COUNT(*) FROM ({statement}) AS q", parameters).scalar()
-            for statement, parameters in seen
-        )
-
-
 def test_tail_reads_back_only_as_far_as_the_turns_it_returns(backup: MySQLBackup) -> None:
     """A window of one turn on a session of 10,000 messages reads a few rows, not all."""
     size = 10_000
@@ -661,7 +637,7 @@ def test_tail_reads_back_only_as_far_as_the_turns_it_returns(backup: MySQLBackup
         backup.add_messages("long", batch)
     assert [info.message_count for info in backup.sessions()] == [size]
     got: list[BaseMessage] = []
-    read = _message_rows_read(backup, lambda: got.extend(backup.tail("long", 1)))
+    read = rows_read(backup, backup.table.name, lambda: got.extend(backup.tail("long", 1)))
     assert [m.content for m in got] == [f"question {size - 2}", f"answer {size - 2}"]
     assert read < size // 10, f"tail(s, 1) read {read} rows of a {size}-message session"
 

@@ -27,7 +27,8 @@ from langchain_tiered_memory.core.validation import SESSION_DATE_KEY
 from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 from langchain_tiered_memory.tiers.long_memory.worker import content_hash
 
-from .long_memory_support import FakeExtractor, catalog, say, sources, turn_ids
+from .conftest import rows_read
+from .long_memory_support import FakeExtractor, catalog, say, sources, turn_ids, without_column
 
 MakeMemory = Callable[..., ChromaLongMemory]
 
@@ -523,11 +524,7 @@ def test_memories_written_before_context_ids_are_searched_by_their_own_text(
     say(chat, "Thanks!", "You are welcome.")
     memory.run_pending()
     table = backup.tables.memories.name
-    with backup.engine.begin() as conn:
-        conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN context_ids")
-    reopened = MySQLBackup(
-        backup.url.render_as_string(hide_password=False), table_name=backup.table.name
-    )
+    reopened = without_column(backup, "context_ids")
     try:
         columns = {c["name"] for c in sa.inspect(reopened.engine).get_columns(table)}
         assert "context_ids" in columns  # added back, empty
@@ -555,29 +552,6 @@ def test_memories_written_before_context_ids_are_searched_by_their_own_text(
 # -- issue 16: a drain that does not re-read the session --------------------------------------
 
 
-def _memory_rows_read(backup: MySQLBackup, run: Callable[[], Any]) -> int:
-    """How many catalog rows the SELECTs that ``run`` sends return (re-counted after)."""
-    table = backup.tables.memories.name
-    seen: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and table in statement:
-            seen.append((statement, parameters))
-
-    sa.event.listen(backup.engine, "before_cursor_execute", record)
-    try:
-        run()
-    finally:
-        sa.event.remove(backup.engine, "before_cursor_execute", record)
-    assert seen, "the drain read no memory rows at all"
-    with backup.engine.connect() as conn:
-        return sum(
-            conn.exec_driver_sql(f"SELECT COUNT(*) FROM ({statement}) AS q", parameters).scalar()
-            for statement, parameters in seen
-            if "FOR UPDATE" not in statement.upper()
-        )
-
-
 def test_the_drain_reads_no_more_rows_for_a_session_with_many_memories(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:
@@ -589,7 +563,7 @@ def test_the_drain_reads_no_more_rows_for_a_session_with_many_memories(
     memory.run_pending()
     assert len(catalog(backup, "large")) == 150
     say(small, "one more question")
-    read_small = _memory_rows_read(backup, memory.run_pending)
+    read_small = rows_read(backup, backup.tables.memories.name, memory.run_pending)
     say(large, "one more question")
-    read_large = _memory_rows_read(backup, memory.run_pending)
+    read_large = rows_read(backup, backup.tables.memories.name, memory.run_pending)
     assert read_large == read_small <= 3

@@ -34,7 +34,7 @@ from langchain_tiered_memory.storage.base import utcnow
 from langchain_tiered_memory.tiers.long_memory import EXACT_LIMIT, ChromaLongMemory, retrieval
 
 from .fakes import ScriptedChatModel, replies
-from .long_memory_support import catalog
+from .long_memory_support import catalog, without_column
 
 MakeMemory = Callable[..., ChromaLongMemory]
 EVAL = Path(
@@ -406,11 +406,7 @@ def test_a_catalog_of_an_older_version_gains_the_contexts_date(
 ) -> None:
     cat_then_job(make_memory(), backup)
     table = backup.tables.memories.name
-    with backup.engine.begin() as conn:
-        conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN context_at")
-    reopened = MySQLBackup(
-        backup.url.render_as_string(hide_password=False), table_name=backup.table.name
-    )
+    reopened = without_column(backup, "context_at")
     try:
         columns = {c["name"] for c in sa.inspect(reopened.engine).get_columns(table)}
         assert "context_at" in columns  # added back, empty

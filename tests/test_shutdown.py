@@ -251,16 +251,21 @@ async def test_async_with_a_long_memory_drains_then_stops(
     assert len(catalog(backup, "s1")) == 1
 
 
+def sleepy_memory(make_memory: Any, drain_timeout: float) -> Any:
+    """A tier with a running worker whose extraction takes 5 s (its timeout is 120 s)."""
+    return make_memory(
+        start_worker=True,
+        extractor=SleepyModel(delay=5.0),
+        extract_timeout=120,
+        drain_timeout=drain_timeout,
+    )
+
+
 def test_shutdown_is_bounded_and_leaves_the_rest_queued(
     make_memory: Any, backup: MySQLBackup, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = workers()
-    memory = make_memory(
-        start_worker=True,
-        extractor=SleepyModel(delay=5.0),
-        extract_timeout=120,
-        drain_timeout=0.5,
-    )
+    memory = sleepy_memory(make_memory, drain_timeout=0.5)
     TieredChatMessageHistory("s1", backup=backup, long_memory=memory).add_messages(turn(1))
     with caplog.at_level("WARNING"):
         left = memory.shutdown()
@@ -312,12 +317,7 @@ def test_a_history_shutdown_keeps_its_own_bound_over_the_tiers_longer_one(
 ) -> None:
     """``history.shutdown(0.5)`` returns in about 0.5 s though the tier would wait 60 s."""
     before = workers()
-    memory = make_memory(
-        start_worker=True,
-        extractor=SleepyModel(delay=5.0),
-        extract_timeout=120,
-        drain_timeout=60,
-    )
+    memory = sleepy_memory(make_memory, drain_timeout=60)
     history = TieredChatMessageHistory("s1", backup=backup, long_memory=memory)
     history.add_messages(turn(1))
     started = time.monotonic()

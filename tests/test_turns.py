@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import (
@@ -164,35 +165,39 @@ def test_chat_messages_of_user_and_assistant_make_turns(
     assert role_of(ChatMessage("note", role="narrator")) == "chat"  # a role of its own
 
 
-@pytest.mark.parametrize("shape", ["anthropic dicts", "standard blocks", "responses api"])
+#: One call as each provider shape writes it in content blocks, with no tool_calls.
+CALL_BLOCKS: dict[str, dict[str, Any]] = {
+    "anthropic dicts": {
+        "type": "tool_use",
+        "id": "toolu_1",
+        "name": "get_weather",
+        "input": {"city": "Paris"},
+    },
+    "standard blocks": {
+        "type": "tool_call",
+        "id": "toolu_1",
+        "name": "get_weather",
+        "args": {"city": "Paris"},
+    },
+    # OpenAI's Responses API: the call's id is call_id, its id is the item's.
+    "responses api": {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "toolu_1",
+        "name": "get_weather",
+        "arguments": {"city": "Paris"},
+    },
+}
+
+
+@pytest.mark.parametrize("shape", list(CALL_BLOCKS))
 def test_a_call_given_only_as_a_content_block_keeps_its_result(
     backup: MySQLBackup, tmp_path: Path, shape: str
 ) -> None:
     """A message made from Anthropic-shaped dicts, or with LangChain's standard
     ``tool_call`` blocks, has no ``tool_calls``; its calls are still calls, and the
     window kept the call's block but dropped its result (Anthropic refuses that)."""
-    if shape == "anthropic dicts":
-        call = {
-            "type": "tool_use",
-            "id": "toolu_1",
-            "name": "get_weather",
-            "input": {"city": "Paris"},
-        }
-    elif shape == "standard blocks":
-        call = {
-            "type": "tool_call",
-            "id": "toolu_1",
-            "name": "get_weather",
-            "args": {"city": "Paris"},
-        }
-    else:  # OpenAI's Responses API: the call's id is call_id, its id is the item's
-        call = {
-            "type": "function_call",
-            "id": "fc_1",
-            "call_id": "toolu_1",
-            "name": "get_weather",
-            "arguments": {"city": "Paris"},
-        }
+    call = CALL_BLOCKS[shape]
     messages = convert_to_messages(
         [
             {"role": "user", "content": "Weather in Paris?"},

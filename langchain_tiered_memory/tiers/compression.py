@@ -40,6 +40,9 @@ from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
 
 SUMMARY_KEY = "tiered_memory_summary"
+#: Roles of a tool's result: a ToolMessage's, and a FunctionMessage's or a ChatMessage
+#: "tool"'s (those name no call id).
+RESULT_ROLES = frozenset({"tool", "function"})
 MAX_SEEN_OUTPUTS = 512  # tool-output keys remembered across re-compressions
 #: Tool names the summary lists (the latest) and characters per name. A name comes
 #: from the model (an invalid call can name anything): unbounded, the summary
@@ -144,7 +147,7 @@ def safe_cut(messages: Sequence[BaseMessage], index: int) -> int:
     """
     index = max(0, min(index, len(messages)))
     # A FunctionMessage or a ChatMessage "tool" is a result as well.
-    while 0 < index < len(messages) and role_of(messages[index]) in ("tool", "function"):
+    while 0 < index < len(messages) and role_of(messages[index]) in RESULT_ROLES:
         index -= 1
     return index
 
@@ -414,7 +417,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
                 if not text and calls:
                     text = "→ " + ", ".join(names)
                 label = roles["ai"]
-            elif role in ("tool", "function"):  # a FunctionMessage, a ChatMessage "tool" too
+            elif role in RESULT_ROLES:  # a FunctionMessage, a ChatMessage "tool" too
                 digest.tool += 1
                 # A ChatMessage "tool" names neither its tool nor its call: no tool
                 # is listed for it, and its output is no repeat of another tool's.
@@ -433,7 +436,7 @@ class ContextCompressor(Runnable[Any, list[BaseMessage]]):
             else:
                 digest.other += 1
                 label = roles.get(role, role)
-            if role not in ("tool", "function") and any(
+            if role not in RESULT_ROLES and any(
                 word in text[:2000].lower() for word in PENDING_WORDS
             ):
                 digest.pending.append(_short(text, self.entry_chars))

@@ -51,12 +51,13 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     """
     # A result answers the latest call of its id before it (an id used again, by a
     # retry of a call whose arguments were malformed, is the retry's).
+    calls = [tool_calls_of(message) for message in messages]
     results: dict[int, list[int]] = {}  # a call's message index -> its results' indexes
     latest: dict[str, int] = {}
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage) and message.tool_call_id in latest:
             results.setdefault(latest[message.tool_call_id], []).append(index)
-        for call in tool_calls_of(message):
+        for call in calls[index]:
             if call_id := call.get("id"):
                 latest[call_id] = index
     moved: set[int] = set()
@@ -90,7 +91,7 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
             continue  # a second result, or one whose call is not open
         answer_waiting(index)
         kept.append(message)
-        for call in tool_calls_of(message):
+        for call in calls[index]:
             if call_id := call.get("id"):
                 waiting[call_id] = (call.get("name") or "tool", index)
     answer_waiting(len(messages))
