@@ -226,6 +226,78 @@ def test_a_retried_call_of_the_same_id_gets_its_own_result(backup: MySQLBackup) 
     validate_conversation([*window, HumanMessage("next")])
 
 
+def assert_sendable_and_whole(window: list[BaseMessage], stored: list[BaseMessage]) -> None:
+    """``window`` after a prompt's system message is a conversation providers accept,
+    and holds every message of ``stored`` (in order, but for system messages), with
+    stand-in results only besides."""
+    validate_conversation([SystemMessage("prompt"), *window, HumanMessage("next")])
+    extra = list(window)
+    for message in stored:
+        extra.remove(message)  # a ValueError if the window lost it
+    assert all(isinstance(m, ToolMessage) and m.content == UNANSWERED for m in extra), extra
+    others = [m for m in stored if not isinstance(m, SystemMessage)]
+    assert [m for m in window if m in others] == others
+
+
+def _lookup(call_id: str, *more: str) -> AIMessage:
+    calls = [{"name": "lookup", "args": {}, "id": i} for i in (call_id, *more)]
+    return AIMessage("", tool_calls=calls)  # type: ignore[arg-type]
+
+
+SYSTEM_MID_TURN: dict[str, list[BaseMessage]] = {
+    "between a call and its result": [
+        HumanMessage("q"),
+        _lookup("a"),
+        SystemMessage("the user is on the premium plan"),
+        ToolMessage("r", tool_call_id="a"),
+        AIMessage("done"),
+    ],
+    "between two results of one message": [
+        HumanMessage("q"),
+        _lookup("a", "b"),
+        ToolMessage("ra", tool_call_id="a"),
+        SystemMessage("note"),
+        ToolMessage("rb", tool_call_id="b"),
+        AIMessage("done"),
+    ],
+    "between a question and its answer": [
+        HumanMessage("q"),
+        SystemMessage("answer in French"),
+        AIMessage("oui"),
+    ],
+    "after the answer, in an older turn": [
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        SystemMessage("s1"),
+        SystemMessage("s2"),
+        HumanMessage("q2"),
+        _lookup("c"),
+        ToolMessage("rc", tool_call_id="c"),
+        SystemMessage("s3"),
+        AIMessage("a2"),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(SYSTEM_MID_TURN))
+def test_a_system_message_stored_mid_turn_leads_the_window(backup: MySQLBackup, case: str) -> None:
+    """A system message between a call and its result (OpenAI refuses it), or
+    anywhere after the conversation started (Anthropic has no such role), is sent
+    first: the window was refused, now it is sent whole."""
+    stored = SYSTEM_MID_TURN[case]
+    history = TieredChatMessageHistory("system", backup=backup)
+    history.add_messages(stored)
+    window = history.messages
+    assert_sendable_and_whole(window, stored)
+    system = [m for m in stored if isinstance(m, SystemMessage)]
+    assert window[: len(system)] == system
+    # Under a budget, the newest turns only, whose system messages still lead.
+    last = stored[max(i for i, m in enumerate(stored) if isinstance(m, HumanMessage)) :]
+    budget = estimate_tokens(last)
+    narrow = TieredChatMessageHistory("system", backup=backup, window_max_tokens=budget)
+    assert_sendable_and_whole(narrow.messages, last)
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):

@@ -92,7 +92,8 @@ def split_turns(
         messages: Oldest first.
         keep_leading: Keep the messages before the first human message as a turn of
             their own; by default they are dropped, so that a window never starts
-            with an AI, tool or system message.
+            with an AI or tool message, nor with the instructions of a session's
+            start.
     """
     roles = roles_of(messages)
     starts = turn_starts(roles)

@@ -114,7 +114,9 @@ class TieredChatMessageHistory(Lifecycle, BaseChatMessageHistory):
     Every message is archived before :meth:`add_messages` returns. ``messages`` is
     the window: the last ``window_turns`` turns, trimmed further, whole turns at a
     time, to ``window_max_tokens``. A window never starts with an AI or tool message
-    and never keeps a tool result without the AI message that called it. The
+    and never keeps a tool result without the AI message that called it; a system
+    message stored mid-conversation comes first in it (providers take system
+    messages at the start only), the other messages in their order. The
     archive is the source of truth, so a new instance or a new process shows the
     same window.
 

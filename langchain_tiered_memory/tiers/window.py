@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
 
 from langchain_tiered_memory.core.turns import split_turns, tool_call_ids, tool_calls_of
 
@@ -14,6 +14,7 @@ __all__ = [
     "answer_open_calls",
     "drop_orphan_tool_messages",
     "select_window",
+    "system_messages_first",
     "split_turns",
 ]
 
@@ -98,6 +99,21 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     return kept
 
 
+def system_messages_first(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The system messages of ``messages`` first, then the others, each in order.
+
+    Providers take system messages at the start of a conversation only: OpenAI
+    refuses one between a tool call and its results; Anthropic has no system role
+    mid-conversation (langchain_anthropic moves a later one into the leading
+    instructions, and refuses it when the prompt has its own), nor has Google's
+    API. At the start of a window, after a prompt's own system message, they are
+    part of its instructions, which every provider takes.
+    """
+    system = [message for message in messages if isinstance(message, SystemMessage)]
+    rest = [message for message in messages if not isinstance(message, SystemMessage)]
+    return [*system, *rest]
+
+
 def select_window(
     messages: Sequence[BaseMessage],
     *,
@@ -109,11 +125,12 @@ def select_window(
 
     Turns are those of :func:`~langchain_tiered_memory.core.turns.split_turns`;
     messages before the first human message are dropped, so a window never
-    starts with an AI, tool or system message.
+    starts with an AI or tool message.
 
     Within a turn, a tool result without its call is dropped and each call is
-    answered right after it (:func:`answer_open_calls`), so the window is a
-    conversation providers accept.
+    answered right after it (:func:`answer_open_calls`); a system message stored
+    mid-conversation is moved to the window's start (:func:`system_messages_first`),
+    so the window is a conversation providers accept.
 
     Turns are dropped whole, oldest first. As with ``trim_messages``, the budget is
     a hard limit: if the newest turn alone is over it, the window is empty.
@@ -128,4 +145,4 @@ def select_window(
             if total > max_tokens:
                 break
         kept.append(turn)
-    return [message for turn in reversed(kept) for message in turn]
+    return system_messages_first([message for turn in reversed(kept) for message in turn])
