@@ -298,6 +298,47 @@ def test_a_system_message_stored_mid_turn_leads_the_window(backup: MySQLBackup, 
     assert_sendable_and_whole(narrow.messages, last)
 
 
+def test_a_call_whose_id_is_empty_keeps_its_result(backup: MySQLBackup) -> None:
+    """Some OpenAI-compatible servers give a call the id "", and an agent answers it
+    with ToolMessage(tool_call_id=""): the window dropped that result, and gave a
+    call of id "" without one no stand-in, so the call went out unanswered."""
+    bad = {"type": "invalid_tool_call", "id": "", "name": "lookup", "args": "{", "error": ""}
+    block = {"type": "tool_use", "id": "", "name": "lookup", "input": {}}
+    answered = [
+        HumanMessage("q1"),
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {}, "id": ""}]),
+        ToolMessage("r1", tool_call_id=""),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        AIMessage("", invalid_tool_calls=[bad]),  # type: ignore[list-item]
+        ToolMessage("bad arguments", tool_call_id="", status="error"),
+        AIMessage([block]),
+        ToolMessage("r3", tool_call_id=""),
+        # Two calls at once, both of id "" (the server names every call so).
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {"n": n}, "id": ""} for n in (4, 5)]),
+        ToolMessage("r4", tool_call_id=""),
+        ToolMessage("r5", tool_call_id=""),
+        AIMessage("a2"),
+    ]
+    unanswered = [
+        HumanMessage("q3"),
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {}, "id": ""}]),
+    ]
+    history = TieredChatMessageHistory("empty-id", backup=backup)
+    history.add_messages([*answered, *unanswered])
+    window = history.messages
+    assert_sendable_and_whole(window, [*answered, *unanswered])
+    assert [(m.tool_call_id, m.content) for m in window if isinstance(m, ToolMessage)] == [
+        ("", "r1"),
+        ("", "bad arguments"),
+        ("", "r3"),
+        ("", "r4"),
+        ("", "r5"),
+        ("", UNANSWERED),
+    ]
+    assert window[-1].tool_call_id == ""  # type: ignore[attr-defined]
+
+
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:
     history = TieredChatMessageHistory("b", backup=backup, window_turns=10)
     for n in range(5):

@@ -105,6 +105,17 @@ def split_turns(
     ]
 
 
+def call_id_of(call: ToolCall | InvalidToolCall) -> str | None:
+    """The id a result names to answer ``call``, ``None`` if it has none.
+
+    ``""`` is an id like any other: some OpenAI-compatible servers send it, and an
+    agent answers such a call with ``ToolMessage(tool_call_id="")``, so the call
+    still needs its result.
+    """
+    call_id = call.get("id")
+    return call_id if isinstance(call_id, str) else None
+
+
 def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     """Every tool call ``message`` makes: its ``tool_calls`` and its ``invalid_tool_calls``.
 
@@ -119,13 +130,13 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
         return []
     calls: list[ToolCall | InvalidToolCall] = [*message.tool_calls, *message.invalid_tool_calls]
     if isinstance(message.content, list):
-        known = {call.get("id") for call in calls}
+        known = {call_id_of(call) for call in calls}
         for block in message.content:
             if not isinstance(block, dict) or block.get("type") not in _CALL_BLOCKS:
                 continue
             id_key, args_key = _CALL_BLOCKS[block["type"]]
             call_id, args = block.get(id_key), block.get(args_key)
-            if isinstance(call_id, str) and call_id and call_id not in known:
+            if isinstance(call_id, str) and call_id not in known:
                 known.add(call_id)
                 name = block.get("name")
                 calls.append(
@@ -138,9 +149,18 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     return calls
 
 
+def call_ids_of(message: BaseMessage) -> list[str]:
+    """The id of each tool call ``message`` makes that has one (:func:`call_id_of`).
+
+    One entry a call: a message may make two calls of one id (a server that names
+    every call ``""``), and each needs its result.
+    """
+    return [call_id for call in tool_calls_of(message) if (call_id := call_id_of(call)) is not None]
+
+
 def tool_call_ids(message: BaseMessage) -> set[str]:
-    """The ids of the tool calls ``message`` makes (:func:`tool_calls_of`) that have one."""
-    return {call_id for call in tool_calls_of(message) if (call_id := call.get("id"))}
+    """The ids of the tool calls ``message`` makes (:func:`call_ids_of`), ``""`` included."""
+    return set(call_ids_of(message))
 
 
 def call_text(call: ToolCall | InvalidToolCall) -> str:

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.messages import (
-    AIMessage,
     BaseMessage,
     HumanMessage,
     SystemMessage,
@@ -34,7 +33,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import role_of, roles_of, tool_call_ids, tool_calls_of
+from langchain_tiered_memory.core.turns import call_ids_of, role_of, roles_of, tool_calls_of
 from langchain_tiered_memory.core.turns import turn_starts as core_turn_starts
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
@@ -182,7 +181,7 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
     human or AI message.
     """
     seen_other = False
-    open_calls: set[str] = set()
+    open_calls: list[str] = []  # one entry a call: a message may make two of one id
     for index, message in enumerate(messages):
         if isinstance(message, SystemMessage):
             if seen_other:
@@ -194,13 +193,12 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
             if message.tool_call_id not in open_calls:
                 msg = f"message {index} answers tool call {message.tool_call_id!r}, not open"
                 raise ValueError(msg)
-            open_calls.discard(message.tool_call_id)
+            open_calls.remove(message.tool_call_id)
             continue
         if open_calls:
             msg = f"message {index} comes before tool calls {sorted(open_calls)} were answered"
             raise ValueError(msg)
-        if isinstance(message, AIMessage):
-            open_calls = tool_call_ids(message)
+        open_calls = call_ids_of(message)
 
 
 class ContextCompressor(Runnable[Any, list[BaseMessage]]):

@@ -6,7 +6,12 @@ from collections.abc import Callable, Sequence
 
 from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
 
-from langchain_tiered_memory.core.turns import split_turns, tool_call_ids, tool_calls_of
+from langchain_tiered_memory.core.turns import (
+    call_id_of,
+    split_turns,
+    tool_call_ids,
+    tool_calls_of,
+)
 
 # split_turns lives in core.turns; it is re-exported here for its older importers.
 __all__ = [
@@ -59,14 +64,16 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         if isinstance(message, ToolMessage) and message.tool_call_id in latest:
             results.setdefault(latest[message.tool_call_id], []).append(index)
         for call in calls[index]:
-            if call_id := call.get("id"):
+            if (call_id := call_id_of(call)) is not None:
                 latest[call_id] = index
     moved: set[int] = set()
     kept: list[BaseMessage] = []
-    waiting: dict[str, tuple[str, int]] = {}  # id -> tool name and call index, unanswered
+    # The calls not answered yet: id, tool name and message index. A list, as one
+    # message may make several calls of one id (a server that names every call "").
+    waiting: list[tuple[str, str, int]] = []
 
     def answer_waiting(now: int) -> None:
-        for call_id, (name, at) in waiting.items():
+        for call_id, name, at in waiting:
             later = [
                 i
                 for i in results.get(at, ())
@@ -87,14 +94,16 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         if index in moved:
             continue
         if isinstance(message, ToolMessage):
-            if waiting.pop(message.tool_call_id, None) is not None:
+            open_call = next((c for c in waiting if c[0] == message.tool_call_id), None)
+            if open_call is not None:
+                waiting.remove(open_call)
                 kept.append(message)
             continue  # a second result, or one whose call is not open
         answer_waiting(index)
         kept.append(message)
         for call in calls[index]:
-            if call_id := call.get("id"):
-                waiting[call_id] = (call.get("name") or "tool", index)
+            if (call_id := call_id_of(call)) is not None:
+                waiting.append((call_id, call.get("name") or "tool", index))
     answer_waiting(len(messages))
     return kept
 
