@@ -22,6 +22,8 @@ import pytest
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ChatMessage,
+    FunctionMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
@@ -337,6 +339,44 @@ def test_a_call_whose_id_is_empty_keeps_its_result(backup: MySQLBackup) -> None:
         ("", UNANSWERED),
     ]
     assert window[-1].tool_call_id == ""  # type: ignore[attr-defined]
+
+
+def test_a_legacy_result_right_after_its_call_answers_it(backup: MySQLBackup) -> None:
+    """A FunctionMessage (by its tool's name) or a ChatMessage "tool" (by its place)
+    right after a call is its result: the window put a stand-in saying the call was
+    not answered before it, so the model read that its tool had failed."""
+
+    def calls(*names: str) -> AIMessage:
+        made = [{"name": name, "args": {}, "id": f"id-{name}"} for name in names]
+        return AIMessage("", tool_calls=made)  # type: ignore[arg-type]
+
+    stored = [
+        HumanMessage("q1"),
+        calls("lookup"),
+        FunctionMessage("found", name="lookup"),
+        calls("lookup", "convert"),
+        FunctionMessage("12 EUR", name="convert"),  # by name, whatever the order
+        FunctionMessage("found again", name="lookup"),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        calls("lookup"),
+        ChatMessage("found", role="tool"),
+        calls("lookup", "convert"),
+        ToolMessage("found", tool_call_id="id-lookup"),
+        ChatMessage("12 EUR", role="tool"),  # the call still open: convert
+        calls("convert"),
+        ChatMessage("13 EUR", role="function", name="convert"),
+        calls("lookup"),
+        FunctionMessage("what?", name="weather"),  # another tool's: no answer
+        AIMessage("a2"),
+    ]
+    history = TieredChatMessageHistory("legacy", backup=backup)
+    history.add_messages(stored)
+    window = history.messages
+    assert_sendable_and_whole(window, stored)
+    stand_ins = [m for m in window if isinstance(m, ToolMessage) and m.content == UNANSWERED]
+    assert [m.tool_call_id for m in stand_ins] == ["id-lookup"]
+    assert window.index(stand_ins[0]) == len(stored) - 2  # before the other tool's
 
 
 def test_token_budget_drops_whole_oldest_turns(backup: MySQLBackup) -> None:

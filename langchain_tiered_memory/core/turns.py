@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall
 
 _ROLE_OF_TYPE = {
@@ -149,18 +149,51 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     return calls
 
 
-def call_ids_of(message: BaseMessage) -> list[str]:
-    """The id of each tool call ``message`` makes that has one (:func:`call_id_of`).
+def answerable_calls(message: BaseMessage) -> list[tuple[str, str]]:
+    """The id and tool name of each tool call ``message`` makes that has an id.
 
-    One entry a call: a message may make two calls of one id (a server that names
-    every call ``""``), and each needs its result.
+    Those are the calls a result answers (:func:`call_id_of`), one entry a call: a
+    message may make two calls of one id (a server that names every call ``""``),
+    and each needs its result. A call without a name counts as tool ``"tool"``.
     """
-    return [call_id for call in tool_calls_of(message) if (call_id := call_id_of(call)) is not None]
+    return [
+        (call_id, call.get("name") or "tool")
+        for call in tool_calls_of(message)
+        if (call_id := call_id_of(call)) is not None
+    ]
 
 
 def tool_call_ids(message: BaseMessage) -> set[str]:
-    """The ids of the tool calls ``message`` makes (:func:`call_ids_of`), ``""`` included."""
-    return set(call_ids_of(message))
+    """The ids of the tool calls ``message`` makes (:func:`answerable_calls`), ``""`` included."""
+    return {call_id for call_id, _ in answerable_calls(message)}
+
+
+def answered_call(message: BaseMessage, open_calls: Sequence[tuple[str, str]]) -> int | None:
+    """Which of ``open_calls`` ``message`` answers, if it is a result of one.
+
+    A ``ToolMessage`` answers the first open call of its ``tool_call_id``. The
+    older shapes of a result name no call id: a ``FunctionMessage`` (or a
+    ``ChatMessage`` "function") answers the first open call of its tool's name, a
+    ``ChatMessage`` "tool", which names neither, the first open call.
+
+    Args:
+        message: A message that follows the calls.
+        open_calls: The calls still waiting for a result, in call order, as
+            :func:`answerable_calls` gives them.
+
+    Returns:
+        The index of the call answered in ``open_calls``, or ``None``.
+    """
+    if isinstance(message, ToolMessage):
+        wanted: str | None = message.tool_call_id
+        key = 0
+    elif (role := role_of(message)) == "function":
+        wanted, key = message.name, 1
+    elif role == "tool":
+        return 0 if open_calls else None
+    else:
+        return None
+    return next((i for i, call in enumerate(open_calls) if call[key] == wanted), None)
 
 
 def call_text(call: ToolCall | InvalidToolCall) -> str:

@@ -33,7 +33,13 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, prompts_for
-from langchain_tiered_memory.core.turns import call_ids_of, role_of, roles_of, tool_calls_of
+from langchain_tiered_memory.core.turns import (
+    answerable_calls,
+    answered_call,
+    role_of,
+    roles_of,
+    tool_calls_of,
+)
 from langchain_tiered_memory.core.turns import turn_starts as core_turn_starts
 from langchain_tiered_memory.text.lexical import cjk_share
 from langchain_tiered_memory.text.tokens import TokenCounter, resolve_token_counter
@@ -178,10 +184,12 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
 
     Checks: system messages only at the start; every tool result answers a tool
     call of the AI message before it; every tool call is answered before the next
-    human or AI message.
+    human or AI message (a ``FunctionMessage`` or a ``ChatMessage`` "tool" right
+    after it answers it too: :func:`~langchain_tiered_memory.core.turns.answered_call`).
     """
     seen_other = False
-    open_calls: list[str] = []  # one entry a call: a message may make two of one id
+    # (id, tool name) of each call not answered yet: a message may make two of one id.
+    open_calls: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
         if isinstance(message, SystemMessage):
             if seen_other:
@@ -189,16 +197,18 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
                 raise ValueError(msg)
             continue
         seen_other = True
-        if isinstance(message, ToolMessage):
-            if message.tool_call_id not in open_calls:
-                msg = f"message {index} answers tool call {message.tool_call_id!r}, not open"
-                raise ValueError(msg)
-            open_calls.remove(message.tool_call_id)
+        answered = answered_call(message, open_calls)
+        if answered is not None:
+            del open_calls[answered]
             continue
-        if open_calls:
-            msg = f"message {index} comes before tool calls {sorted(open_calls)} were answered"
+        if isinstance(message, ToolMessage):
+            msg = f"message {index} answers tool call {message.tool_call_id!r}, not open"
             raise ValueError(msg)
-        open_calls = call_ids_of(message)
+        if open_calls:
+            ids = sorted(call_id for call_id, _ in open_calls)
+            msg = f"message {index} comes before tool calls {ids} were answered"
+            raise ValueError(msg)
+        open_calls = answerable_calls(message)
 
 
 class ContextCompressor(Runnable[Any, list[BaseMessage]]):

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
 
 from langchain_tiered_memory.core.turns import (
-    call_id_of,
+    answerable_calls,
+    answered_call,
     split_turns,
     tool_call_ids,
-    tool_calls_of,
 )
 
 # split_turns lives in core.turns; it is re-exported here for its older importers.
@@ -52,20 +52,21 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     answers those in its prompt only), a writer stopped between a call and its
     results, a result written after another message, a result written twice. A
     result that comes later is moved up to its call, a call with none gets
-    :data:`UNANSWERED`, and a result that answers no open call is left out. In the
-    window only: the archive is unchanged.
+    :data:`UNANSWERED`, and a result that answers no open call is left out. A
+    ``FunctionMessage`` or a ``ChatMessage`` "tool" right after the calls is the
+    result of one (:func:`~langchain_tiered_memory.core.turns.answered_call`). In
+    the window only: the archive is unchanged.
     """
     # A result answers the latest call of its id before it (an id used again, by a
     # retry of a call whose arguments were malformed, is the retry's).
-    calls = [tool_calls_of(message) for message in messages]
+    calls = [answerable_calls(message) for message in messages]
     results: dict[int, list[int]] = {}  # a call's message index -> its results' indexes
     latest: dict[str, int] = {}
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage) and message.tool_call_id in latest:
             results.setdefault(latest[message.tool_call_id], []).append(index)
-        for call in calls[index]:
-            if (call_id := call_id_of(call)) is not None:
-                latest[call_id] = index
+        for call_id, _ in calls[index]:
+            latest[call_id] = index
     moved: set[int] = set()
     kept: list[BaseMessage] = []
     # The calls not answered yet: id, tool name and message index. A list, as one
@@ -93,17 +94,18 @@ def answer_open_calls(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     for index, message in enumerate(messages):
         if index in moved:
             continue
+        # A FunctionMessage or a ChatMessage "tool" right after the calls answers
+        # one too (by its tool's name, or the first), though it names no call id.
+        answered = answered_call(message, [call[:2] for call in waiting])
+        if answered is not None:
+            del waiting[answered]
+            kept.append(message)
+            continue
         if isinstance(message, ToolMessage):
-            open_call = next((c for c in waiting if c[0] == message.tool_call_id), None)
-            if open_call is not None:
-                waiting.remove(open_call)
-                kept.append(message)
             continue  # a second result, or one whose call is not open
         answer_waiting(index)
         kept.append(message)
-        for call in calls[index]:
-            if (call_id := call_id_of(call)) is not None:
-                waiting.append((call_id, call.get("name") or "tool", index))
+        waiting += [(call_id, name, index) for call_id, name in calls[index]]
     answer_waiting(len(messages))
     return kept
 
