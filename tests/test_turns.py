@@ -19,7 +19,12 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 
-from langchain_tiered_memory import MySQLBackup, SessionFileArchive, TieredChatMessageHistory
+from langchain_tiered_memory import (
+    MySQLBackup,
+    SessionFileArchive,
+    TieredChatMessageHistory,
+    estimate_tokens,
+)
 from langchain_tiered_memory.core.turns import role_of, split_turns, tool_calls_of
 from langchain_tiered_memory.storage import archive as archive_module
 from langchain_tiered_memory.tiers.compression import validate_conversation
@@ -215,3 +220,41 @@ def test_a_call_given_only_as_a_content_block_keeps_its_result(
         history.add_messages(messages)
         assert history.messages == messages
         validate_conversation(history.messages)
+
+
+@pytest.mark.parametrize("shape", list(CALL_BLOCKS))
+def test_a_call_given_as_an_idless_entry_and_a_block_counts_once(
+    backup: MySQLBackup, shape: str
+) -> None:
+    """A ``tool_calls`` entry without an id beside the block of the same call (its id
+    kept there only) was two calls: counted twice against the budget."""
+    args = {"city": "Paris, " * 300}
+    block = CALL_BLOCKS[shape]
+    id_key = "call_id" if "call_id" in block else "id"
+    args_key = next(key for key in ("input", "args", "arguments") if key in block)
+    first = {**block, args_key: args}
+    second = {**first, id_key: "toolu_2"}
+    entry: Any = {"name": "get_weather", "args": args, "id": None}
+    text = {"type": "text", "text": "Checking."}
+
+    def tokens(content: list[dict[str, Any]], calls: list[Any]) -> int:
+        return estimate_tokens(AIMessage(content, tool_calls=calls))
+
+    assert tokens([text, first], [entry]) == tokens([text], [entry])
+    # Two calls of one tool: each entry is the block of its place.
+    assert tokens([text, first, second], [entry, entry]) == tokens([text], [entry, entry])
+    twice = AIMessage([text, first, second], tool_calls=[entry, entry])
+    assert [(c["id"], c["name"]) for c in tool_calls_of(twice)] == [
+        ("toolu_1", "get_weather"),
+        ("toolu_2", "get_weather"),
+    ]
+    # A block of another tool is another call: its arguments count.
+    other = {"name": "get_time", "args": {}, "id": None}
+    assert tokens([text, first], [other]) > tokens([text], [other]) + 300
+    # In the window, each call (by its block's id) keeps its result.
+    results = [ToolMessage("sunny", tool_call_id=i) for i in ("toolu_1", "toolu_2")]
+    stored = [HumanMessage("weather?"), twice, *results, AIMessage("Sunny.")]
+    history = TieredChatMessageHistory(f"idless-{shape}".replace(" ", "-"), backup=backup)
+    history.add_messages(stored)
+    assert history.messages == stored
+    validate_conversation(history.messages)

@@ -116,6 +116,57 @@ def call_id_of(call: ToolCall | InvalidToolCall) -> str | None:
     return call_id if isinstance(call_id, str) else None
 
 
+def _block_call(block: object) -> ToolCall | None:
+    """The call a content block makes (see ``_CALL_BLOCKS``), else ``None``.
+
+    A block's id that is no string counts as no id.
+    """
+    if not isinstance(block, dict) or block.get("type") not in _CALL_BLOCKS:
+        return None
+    id_key, args_key = _CALL_BLOCKS[block["type"]]
+    call_id, name, args = block.get(id_key), block.get("name"), block.get(args_key)
+    return ToolCall(
+        name=name if isinstance(name, str) else "tool",
+        args=args if isinstance(args, dict) else {},
+        id=call_id if isinstance(call_id, str) else None,
+    )
+
+
+def _calls_and_repeats(message: BaseMessage) -> tuple[list[ToolCall | InvalidToolCall], set[int]]:
+    """:func:`tool_calls_of` and :func:`repeated_call_blocks` of ``message``, read once."""
+    if not isinstance(message, AIMessage):
+        return [], set()
+    calls: list[ToolCall | InvalidToolCall] = [*message.tool_calls, *message.invalid_tool_calls]
+    repeats: set[int] = set()
+    if not isinstance(message.content, list):
+        return calls, repeats
+    known = {call_id for call in calls if (call_id := call_id_of(call)) is not None}
+    # A tool_calls entry without an id is the same call as the next block of its
+    # name (a message whose ids were lost from tool_calls but kept in its blocks).
+    idless = [i for i, call in enumerate(message.tool_calls) if call_id_of(call) is None]
+    for index, block in enumerate(message.content):
+        call = _block_call(block)
+        if call is None:
+            continue
+        call_id = call["id"]
+        if call_id is not None and call_id in known:
+            repeats.add(index)
+            continue
+        same = next((i for i in idless if calls[i].get("name") == call["name"]), None)
+        if same is not None:
+            idless.remove(same)
+            repeats.add(index)
+            if call_id is not None:
+                named = message.tool_calls[same].copy()
+                named["id"] = call_id
+                calls[same] = named
+                known.add(call_id)
+        elif call_id is not None:
+            known.add(call_id)
+            calls.append(call)
+    return calls, repeats
+
+
 def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     """Every tool call ``message`` makes: its ``tool_calls`` and its ``invalid_tool_calls``.
 
@@ -123,30 +174,27 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
     integrations send it among the assistant's tool calls, and ``create_agent``
     answers it with a ``ToolMessage``, so its result belongs with it as a valid
     call's does. So is a call given only as a content block (Anthropic's
-    ``tool_use``, LangChain's standard ``tool_call``), as a message made from an
-    Anthropic-shaped dict is: ``tool_calls`` is empty there.
+    ``tool_use``, LangChain's standard ``tool_call``, OpenAI Responses'
+    ``function_call``), as a message made from an Anthropic-shaped dict is:
+    ``tool_calls`` is empty there. A block repeating a call of ``tool_calls`` (by
+    id, or by name for an entry without an id, which then takes the block's id)
+    is that call, not another.
+
+    Returns:
+        The ``tool_calls`` then the ``invalid_tool_calls``, in order, then the calls
+        given only as blocks.
     """
-    if not isinstance(message, AIMessage):
-        return []
-    calls: list[ToolCall | InvalidToolCall] = [*message.tool_calls, *message.invalid_tool_calls]
-    if isinstance(message.content, list):
-        known = {call_id_of(call) for call in calls}
-        for block in message.content:
-            if not isinstance(block, dict) or block.get("type") not in _CALL_BLOCKS:
-                continue
-            id_key, args_key = _CALL_BLOCKS[block["type"]]
-            call_id, args = block.get(id_key), block.get(args_key)
-            if isinstance(call_id, str) and call_id not in known:
-                known.add(call_id)
-                name = block.get("name")
-                calls.append(
-                    ToolCall(
-                        name=name if isinstance(name, str) else "tool",
-                        args=args if isinstance(args, dict) else {},
-                        id=call_id,
-                    )
-                )
-    return calls
+    return _calls_and_repeats(message)[0]
+
+
+def repeated_call_blocks(message: BaseMessage) -> set[int]:
+    """Indexes of ``message``'s content blocks that repeat a call made before them.
+
+    A call of its ``tool_calls`` or ``invalid_tool_calls`` (by id, or by name for an
+    entry without an id) or of an earlier block: the same call (see
+    :func:`tool_calls_of`), which a reader counting the message counts once.
+    """
+    return _calls_and_repeats(message)[1]
 
 
 def answerable_calls(message: BaseMessage) -> list[tuple[str, str]]:

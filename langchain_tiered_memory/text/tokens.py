@@ -19,6 +19,7 @@ from typing import Any, TypeAlias, TypeVar, cast
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
+from langchain_tiered_memory.core.turns import repeated_call_blocks
 from langchain_tiered_memory.core.validation import check_int, check_token_count
 from langchain_tiered_memory.text.media import media_kind, media_tokens
 
@@ -26,9 +27,6 @@ T = TypeVar("T")
 
 #: Per-message overhead of the chat format (role markers and separators).
 MESSAGE_OVERHEAD = 4
-# Blocks that repeat a tool call (Anthropic's ``tool_use``): counted once, from the
-# message's tool calls.
-_CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
 #: How deep blocks inside blocks are read (a tool result's content, a document's).
 MAX_NESTING = 8
 
@@ -191,32 +189,26 @@ def _inner_blocks(block: dict[str, Any]) -> list[Any] | None:
 
 
 def _content_parts(
-    blocks: list[Any], calls: frozenset[str], parts: list[str], depth: int = 0
+    blocks: list[Any], parts: list[str], depth: int = 0, skip: frozenset[int] = frozenset()
 ) -> int:
     """Add the text of ``blocks`` to ``parts``; return the fixed tokens of their media.
 
-    A call block that repeats one of ``calls`` (the message's calls, by id) is left
-    out: those are counted from the message's calls.
+    The blocks at the indexes ``skip`` are left out: calls the message counts
+    elsewhere.
     """
     fixed = 0
-    for block in blocks:
+    for index, block in enumerate(blocks):
+        if index in skip:
+            continue
         if isinstance(block, str):
             parts.append(block)
         elif isinstance(block, dict):
             inner = _inner_blocks(block) if depth < MAX_NESTING else None
-            kind = block.get("type")
             if inner is not None:
-                fixed += _content_parts(inner, calls, parts, depth + 1)
+                fixed += _content_parts(inner, parts, depth + 1)
             elif media_kind(block) is not None:
                 fixed += media_tokens(block, _text_tokens)
-            elif not (
-                isinstance(kind, str)
-                and kind in _CALL_BLOCKS
-                and any(
-                    isinstance(block.get(key), str) and block[key] in calls
-                    for key in ("id", "call_id")
-                )
-            ):
+            else:
                 parts.append(_block_text(block))
     return fixed
 
@@ -224,19 +216,19 @@ def _content_parts(
 def _message_parts(message: BaseMessage) -> tuple[str, int]:
     """A message's text to estimate, and the fixed tokens of its media blocks."""
     content = message.content
-    # The calls a message holds as data; a block repeating one is skipped. A call
-    # given only as a block is counted as the block's text, whatever shape its
-    # arguments have.
+    # The calls a message holds as data are counted from there, and a block that
+    # repeats one (Anthropic's ``tool_use`` beside ``tool_calls``) is skipped: a
+    # call counts once. A call given only as a block is counted as the block's
+    # text, whatever shape its arguments have.
     calls = (
         [*message.tool_calls, *message.invalid_tool_calls] if isinstance(message, AIMessage) else []
     )
-    call_ids = frozenset(str(call.get("id")) for call in calls if call.get("id"))
     fixed = 0
     if isinstance(content, str):
         text = content
     else:
         parts: list[str] = []
-        fixed = _content_parts(content, call_ids, parts)
+        fixed = _content_parts(content, parts, skip=frozenset(repeated_call_blocks(message)))
         text = "\n".join(parts)
     audio = message.additional_kwargs.get("audio")
     if isinstance(audio, dict):  # an OpenAI audio answer, sent back to the model by its id
