@@ -329,18 +329,22 @@ def urls() -> str:
     return "\n".join(lines)
 
 
+#: The spans of a North American phone number's three parts.
+PHONE_PARTS = ((200, 999), (100, 999), (1000, 9999))
+
+
 def numbers() -> str:
     """Numbers in prose and lists: amounts, measurements, phone numbers, dates."""
     rng = _rng()
-    lines = []
-    for _ in range(120):
-        lines.append(
-            f"{rng.randrange(1, 32)}/{rng.randrange(1, 13)}/20{rng.randrange(10, 30)}: paid "
-            f"${rng.randrange(1, 99_999):,}.{rng.randrange(100):02d}, "
-            f"weight {rng.uniform(0, 500):.3f} kg, call +1 {rng.randrange(200, 999)}-"
-            f"{rng.randrange(100, 999)}-{rng.randrange(1000, 9999)}"
-        )
-    return "\n".join(lines)
+
+    def line() -> str:
+        day, month, year = rng.randrange(1, 32), rng.randrange(1, 13), rng.randrange(10, 30)
+        paid = f"${rng.randrange(1, 99_999):,}.{rng.randrange(100):02d}"
+        weight = f"{rng.uniform(0, 500):.3f} kg"
+        phone = "-".join(str(rng.randrange(*span)) for span in PHONE_PARTS)
+        return f"{day}/{month}/20{year}: paid {paid}, weight {weight}, call +1 {phone}"
+
+    return "\n".join(line() for _ in range(120))
 
 
 def csv_table() -> str:
