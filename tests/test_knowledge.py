@@ -193,6 +193,7 @@ def test_add_texts_splits_and_retrieves_the_right_chunk(make_kb: MakeKB) -> None
     assert top.metadata["source"] == "ar"
     assert 0 < top.metadata["score"] <= 1
     assert top.id in ids
+    assert set(top.metadata) == {"source", "chunk", "score"}  # what it keeps to itself left out
 
 
 def moved_model(kb: KnowledgeBase, client: Any) -> KnowledgeBase:
@@ -561,21 +562,28 @@ class _FailsOnSecondBatch(HashEmbeddings):
         return super().embed_documents(texts)
 
 
-class _UpsertFailsOnSecondBatch:
-    """A collection whose second upsert fails (Chroma gone away mid-write)."""
+class _Fails:
+    """A collection whose ``method`` fails at its ``at``-th call, and after it if ``on``
+    (Chroma gone away mid-write)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, method: str, at: int, on: bool = False) -> None:
         self._inner = inner
-        self.upserts = 0
+        self._method = method
+        self._at = at
+        self._on = on
+        self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        if name != self._method:
+            return getattr(self._inner, name)
 
-    def upsert(self, **kwargs: Any) -> None:
-        self.upserts += 1
-        if self.upserts == 2:
-            raise ConnectionError("Chroma went away")
-        self._inner.upsert(**kwargs)
+        def call(**kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls == self._at or (self._on and self.calls > self._at):
+                raise ConnectionError("Chroma went away")
+            return getattr(self._inner, name)(**kwargs)
+
+        return call
 
 
 def words(prefix: str, count: int) -> str:
@@ -625,11 +633,11 @@ def test_a_chroma_error_in_a_later_batch_leaves_the_old_version_and_no_new_chunk
     kb.add_texts([words("old", 28)], [{"source": "manual"}])
     before = stored_texts(kb)
 
-    failing = _UpsertFailsOnSecondBatch(kb.collection)
+    failing = _Fails(kb.collection, "upsert", at=2)
     kb.collection = failing
     with pytest.raises(ConnectionError, match="went away"):
         kb.add_texts([words("new", 24)], [{"source": "manual"}])
-    failing.upserts = 0
+    failing.calls = 0
     with pytest.raises(ConnectionError, match="went away"):  # a first add stores nothing
         kb.add_texts([words("new", 24)], [{"source": "another manual"}])
     kb.collection = failing._inner
@@ -655,6 +663,7 @@ def test_a_chroma_error_in_a_later_batch_leaves_the_old_version_and_no_new_chunk
         ({"chunk": 3}, "'chunk'"),
         ({"embedding_model": "mine"}, "'embedding_model'"),
         ({"score": 0.5}, "'score'"),
+        ({"kb_version": "mine"}, "'kb_version'"),
     ],
 )
 def test_a_metadata_entry_chroma_refuses_stores_nothing_and_is_named(
@@ -924,3 +933,155 @@ def test_writers_no_lock_reaches_never_leave_a_source_with_no_chunks(
     stored = " ".join(stored_texts(kb_a))
     assert "Version zero" not in stored
     assert "Version A" in stored or "Version B" in stored
+
+
+# -- a re-add or a delete failing or killed between its steps ----------------------
+
+
+def shown(kb: KnowledgeBase) -> list[str]:
+    """The texts every search can show (all of them: k past the count), sorted."""
+    return sorted(doc.page_content for doc in kb.search("old new plain", k=500))
+
+
+#: Each case: what is stored first, and what replaces it (``None``: the file emptied);
+#: ``sourceless``: a text without a source, split anew with another chunk_size.
+REPLACED = {
+    "add_texts": (words("old", 28), words("new", 24)),
+    "add_files": (words("old", 28), words("new", 24)),
+    "emptied file": (words("old", 28), None),
+    "sourceless": (words("plain", 60), words("plain", 60)),
+    "delete_source": (words("old", 28), None),
+}
+
+
+def replace(kb: KnowledgeBase, case: str, path: Path) -> None:
+    """Store the case's second version (or delete the first) with ``kb``."""
+    new = REPLACED[case][1]
+    if case == "add_texts":
+        kb.add_texts([new], [{"source": "manual"}])
+    elif case == "sourceless":
+        kb.add_texts([new])
+    elif case == "delete_source":
+        kb.delete_source("manual")
+    else:
+        path.write_text(new or "", encoding="utf-8")
+        kb.add_files(path)
+
+
+@pytest.mark.parametrize("case", list(REPLACED))
+@pytest.mark.parametrize("fail_at", [1, 2])
+def test_a_failed_delete_of_the_old_version_leaves_one_version_in_searches(
+    make_kb: MakeKB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, fail_at: int
+) -> None:
+    """The old version's chunks are deleted after the new ones are stored: when that
+    delete failed (at its first page or a later one), both versions, or the new one and
+    part of the old, came back in searches. Now searches show one version whole (the
+    new one once it is stored), and adding or deleting again removes the rest."""
+    monkeypatch.setattr(knowledge, "PAGE", 2)  # a delete of several pages
+    name, path = f"kb_{uuid.uuid4().hex[:12]}", tmp_path / "manual.txt"
+    old, new = REPLACED[case]
+    first = make_kb(collection_name=name, chunk_size=20, chunk_overlap=0)
+    if case in ("add_files", "emptied file"):
+        path.write_text(old, encoding="utf-8")
+        first.add_files(path)
+    else:
+        first.add_texts([old], [{}] if case == "sourceless" else [{"source": "manual"}])
+    before = shown(first)
+    assert len(before) > 8
+    size = 4000 if case == "sourceless" else 20
+    expected = [new] if case == "sourceless" else []
+    if new is not None and case != "sourceless":
+        alone = make_kb(chunk_size=20, chunk_overlap=0)
+        alone.add_texts([new])
+        expected = shown(alone)
+
+    kb = make_kb(collection_name=name, chunk_size=size, chunk_overlap=0)
+    failing = _Fails(kb.collection, "delete", at=fail_at, on=True)
+    kb.collection = failing
+    with pytest.raises(ConnectionError, match="went away"):
+        replace(kb, case, path)
+    kb.collection = failing._inner
+
+    # The new version once stored, else the old one (an emptied file's delete failed
+    # before its first page: nothing was deleted).
+    assert shown(kb) == (before if new is None and fail_at == 1 else expected)
+    replace(kb, case, path)  # trying again leaves the new version alone
+    assert shown(kb) == expected
+    assert sorted(text for text, _ in all_chunks(kb).values()) == expected
+
+
+KILLED_WRITE = """
+import os, signal
+from chromadb.api.models.Collection import Collection
+from langchain_tiered_memory import KnowledgeBase
+from langchain_tiered_memory.integrations import knowledge
+from tests.fakes import HashEmbeddings
+
+knowledge.UPSERT_BATCH = 4
+knowledge.PAGE = 2
+kb = KnowledgeBase(persist_directory="chroma", collection_name="kb-manual", chunk_size=20,
+                   chunk_overlap=0, embedding=HashEmbeddings())
+kb.add_texts([{old!r}], [{{"source": "manual"}}])
+calls = {{"upsert": 0, "delete": 0}}
+
+def dying(name):
+    real = getattr(Collection, name)
+    def call(self, *args, **kwargs):
+        calls[name] += 1
+        if name == {kill_in!r} and calls[name] == {kill_at}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, *args, **kwargs)
+    return call
+
+Collection.upsert, Collection.delete = dying("upsert"), dying("delete")
+new = {new!r}
+if new is None:
+    kb.delete_source("manual")
+else:
+    kb.add_texts([new], [{{"source": "manual"}}])
+"""
+
+
+@pytest.mark.parametrize(
+    ("kill_in", "kill_at", "new", "left"),
+    [
+        ("upsert", 2, words("new", 24), "old"),  # while the new version is stored
+        ("upsert", 3, words("new", 24), "old"),  # the last, with its first chunk
+        ("delete", 1, words("new", 24), "new"),  # between the two steps
+        ("delete", 2, words("new", 24), "new"),  # part of the old version deleted
+        ("delete", 2, None, "none"),  # delete_source part-way
+    ],
+)
+def test_a_process_killed_while_replacing_a_source_leaves_one_version_whole(
+    tmp_path: Path, kill_in: str, kill_at: int, new: str | None, left: str
+) -> None:
+    """A real SIGKILL at each step of a re-add (or a delete_source): the next knowledge
+    base of the folder shows one version whole, and adding the source again leaves only
+    the new one."""
+    old = words("old", 28)
+    run_python(
+        KILLED_WRITE.format(old=old, new=new, kill_in=kill_in, kill_at=kill_at),
+        tmp_path,
+        returncode=-9,
+    )
+    settings: dict[str, Any] = {"chunk_size": 20, "chunk_overlap": 0}
+    kb = KnowledgeBase(
+        persist_directory=tmp_path / "chroma",
+        collection_name="kb-manual",
+        embedding=HashEmbeddings(),
+        **settings,
+    )
+    versions = {"none": []}
+    for label, text in (("old", old), ("new", words("new", 24))):
+        alone = KnowledgeBase(
+            client=kb.client,
+            collection_name=f"alone-{label}",
+            embedding=HashEmbeddings(),
+            **settings,
+        )
+        alone.add_texts([text])
+        versions[label] = shown(alone)
+    assert kb.count() > len(versions[left])  # the killed write left chunks behind
+    assert shown(kb) == versions[left]
+    kb.add_texts([words("new", 24)], [{"source": "manual"}])
+    assert sorted(text for text, _ in all_chunks(kb).values()) == versions["new"]

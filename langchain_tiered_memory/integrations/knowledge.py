@@ -5,9 +5,11 @@ The v3 design keeps the knowledge base beside the long-term memory: the same Chr
 langchain-text-splitters' ``RecursiveCharacterTextSplitter`` (Markdown-aware for
 ``.md`` files, with Chinese sentence ends as separators); chunk ids are
 deterministic, so adding a file again replaces its chunks instead of duplicating
-them. Chroma has no transactions: a new version of a source is stored beside the old
-one (chunk ids name their content), and the old one is deleted only once the new one
-is whole, so a failed write leaves the old version, never a mix.
+them. Chroma has no transactions: a new version of a document is stored beside the old
+one (chunk ids name their content and version), its first chunk last, and the old one
+is deleted afterwards. Searches show each document's latest version whose first chunk
+is stored (the commit, one record), so a write failing or killed at any point leaves
+one version whole in searches; the next add or delete of the document removes the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -61,9 +64,18 @@ COLLECTION_METADATA = {"hnsw:space": "cosine"}
 #: The chunk metadata naming the embedding model of its vector (``model_name``);
 #: kept out of the metadata ``search`` returns.
 MODEL_KEY = "embedding_model"
-#: Metadata keys the knowledge base writes (a chunk's position, its model) or adds to
-#: a search result: a caller's value under one would be lost.
-RESERVED_KEYS = frozenset({"chunk", MODEL_KEY, "score"})
+#: The chunk metadata naming its document (a source's key, or a text's) and the version
+#: of the document it belongs to (a digest of the whole version); the first chunk of a
+#: version (``chunk`` 0, stored last) also holds when it was stored. Kept out of the
+#: metadata ``search`` returns.
+DOCUMENT_KEY = "kb_document"
+VERSION_KEY = "kb_version"
+STORED_AT_KEY = "kb_stored_at"
+#: Metadata keys the knowledge base writes (a chunk's position, its model, its version)
+#: or adds to a search result: a caller's value under one would be lost.
+RESERVED_KEYS = frozenset({"chunk", MODEL_KEY, DOCUMENT_KEY, VERSION_KEY, STORED_AT_KEY, "score"})
+#: What a search leaves out of a result's metadata.
+HIDDEN_KEYS = (MODEL_KEY, DOCUMENT_KEY, VERSION_KEY, STORED_AT_KEY)
 #: The ints Chroma stores as ints.
 INT64 = (-(2**63), 2**63 - 1)
 #: Writers of one source in this process take turns: two versions written at once
@@ -185,27 +197,52 @@ class _Document:
             self.chunks.append(chunk)
 
     def position_id(self, index: int) -> str:
-        """The id of a sourceless text's chunk at ``index`` (see :meth:`ids`)."""
+        """The id an earlier version of the package gave a sourceless text's chunk at ``index``."""
         return digest(self.key, str(index))[:32]
 
-    def ids(self, metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
-        """The chunk ids, given the metadata each chunk is stored with.
+    def stored(self, model: str) -> tuple[list[str], list[dict[str, Any]]]:
+        """The chunk ids and the metadata each chunk is stored with (by ``model``).
 
-        A source's ids name each chunk's content and metadata too: a new version
-        never overwrites the old one, which stays whole until the new one is
-        stored (adding the same version again gives the same ids). A text without
-        a source is keyed by that text, so its chunks are the same at each
-        position: by position, so adding it again overwrites them.
+        Each chunk names its document and the version, a digest of the whole
+        document: two versions never share a chunk, so the old one stays whole until
+        the new one is stored, and adding the same version again gives the same ids
+        (it is overwritten in place).
         """
-        if self.source is None:
-            return [self.position_id(index) for index in range(len(self.chunks))]
+        metadatas = [
+            {**metadata, MODEL_KEY: model, DOCUMENT_KEY: self.key} for metadata in self.metadatas
+        ]
         contents = [
             (chunk, json.dumps(metadata, sort_keys=True, default=repr))
             for chunk, metadata in zip(self.chunks, metadatas, strict=True)
         ]
-        return [
-            digest(self.key, str(index), *content)[:32] for index, content in enumerate(contents)
+        version = digest(self.key, *(part for content in contents for part in content))[:32]
+        ids = [
+            digest(self.key, version, str(index), *content)[:32]
+            for index, content in enumerate(contents)
         ]
+        return ids, [{**metadata, VERSION_KEY: version} for metadata in metadatas]
+
+
+def _is_first(metadata: Mapping[str, Any] | None) -> bool:
+    """Whether a chunk is the first of its version: the one whose storing commits it."""
+    return (metadata or {}).get("chunk") == 0
+
+
+def _document_of(metadata: Mapping[str, Any]) -> str | None:
+    """The key of a stored chunk's document.
+
+    ``None`` for a sourceless text's chunk an earlier version of the package stored
+    (it named no document).
+    """
+    key = metadata.get(DOCUMENT_KEY)
+    if isinstance(key, str):
+        return key
+    if "source" in metadata:  # stored by an earlier version: its source names it
+        try:
+            return source_key(metadata["source"])
+        except ValueError:
+            return None
+    return None
 
 
 class KnowledgeBase:
@@ -405,6 +442,7 @@ class KnowledgeBase:
                     metadatas=metadatas[batch],
                 )
         except Exception as exc:
+            created.reverse()  # a version's first chunk, stored last, is deleted first
             try:
                 for start in range(0, len(created), PAGE):
                     collection.delete(ids=created[start : start + PAGE])
@@ -419,44 +457,84 @@ class KnowledgeBase:
                 raise refused from exc
             raise
 
-    def _beyond(self, document: _Document) -> list[str]:
-        """The stored chunks of a sourceless text at positions past its new last one."""
+    def _by_position(self, document: _Document) -> list[str]:
+        """The chunks of a sourceless text an earlier version of the package stored by position."""
         found: list[str] = []
-        start = len(document.chunks)
         while True:
-            page = [document.position_id(i) for i in range(start, start + PAGE)]
+            page = [document.position_id(i) for i in range(len(found), len(found) + PAGE)]
             stored = self.collection.get(ids=page, include=[])["ids"]
             if not stored:
                 return found
             found += stored
-            start += PAGE
+
+    def _stored_at(self, keys: Sequence[str]) -> int:
+        """When this write is stored: now, but after every stored version of ``keys``.
+
+        What orders two versions of a document in searches; never before a stored
+        one, so a clock set back does not hide the new version behind the old.
+        """
+        latest = 0
+        for start in range(0, len(keys), PAGE):
+            where = {
+                "$and": [{DOCUMENT_KEY: {"$in": list(keys[start : start + PAGE])}}, {"chunk": 0}]
+            }
+            for metadata in self.collection.get(where=where, include=["metadatas"])["metadatas"]:
+                at = (metadata or {}).get(STORED_AT_KEY)
+                if isinstance(at, int) and not isinstance(at, bool):
+                    latest = max(latest, at)
+        return max(time.time_ns(), latest + 1)
 
     def _write(self, documents: Sequence[_Document]) -> list[str]:
-        """Store documents, each source replacing its old chunks; the ids of the chunks."""
+        """Store documents, each replacing its old chunks; the ids of the chunks.
+
+        Each new version is stored beside the old one, its first chunk last (with
+        when it was stored): once that one is stored, searches show the new version
+        (:meth:`_current_versions`), and the old one is deleted. A failure or a kill
+        at any point leaves one version whole in searches.
+        """
         model = model_name(self.embedding)
         ids: list[str] = []
         chunks: list[str] = []
         metadatas: list[dict[str, Any]] = []
+        firsts: list[tuple[str, str, dict[str, Any]]] = []
         for document in documents:
-            stored = [{**metadata, MODEL_KEY: model} for metadata in document.metadatas]
-            ids += document.ids(stored)
-            chunks += document.chunks
-            metadatas += stored
+            document_ids, stored = document.stored(model)
+            for chunk_id, chunk, metadata in zip(
+                document_ids, document.chunks, stored, strict=True
+            ):
+                if _is_first(metadata):
+                    firsts.append((chunk_id, chunk, metadata))
+                else:
+                    ids.append(chunk_id)
+                    chunks.append(chunk)
+                    metadatas.append(metadata)
         # Embedded before the first write: an embedding error (a 429...) stores nothing.
-        vectors = self._embed(chunks)
+        vectors = self._embed([*chunks, *(chunk for _, chunk, _ in firsts)])
         sources = [document.source for document in documents if document.source is not None]
+        sourceless = [document for document in documents if document.source is None]
         with self._writing(sources):
             # Only the chunks stored before this write are replaced: a writer in another
-            # process storing the source meanwhile (no lock reaches it) loses nothing,
-            # and both versions stay until the source is added or deleted again.
-            old = {i for source in sources for i in self._ids_where({"source": source})}
+            # process storing the source meanwhile (no lock reaches it) loses nothing.
+            old: dict[str, bool] = {}
+            for source in sources:
+                old.update(self._chunks_where({"source": source}))
+            keys = [document.key for document in sourceless]
+            for start in range(0, len(keys), PAGE):
+                old.update(self._chunks_where({DOCUMENT_KEY: {"$in": keys[start : start + PAGE]}}))
+            # Stored by position, they are in searches until deleted; never a first.
+            old.update(
+                dict.fromkeys(
+                    (i for document in sourceless for i in self._by_position(document)), False
+                )
+            )
+            stored_at = self._stored_at([document.key for document in documents])
+            for chunk_id, chunk, metadata in firsts:  # last: each one commits its version
+                ids.append(chunk_id)
+                chunks.append(chunk)
+                metadatas.append({**metadata, STORED_AT_KEY: stored_at})
             self._store(self.collection, ids, chunks, vectors, metadatas)
-            # A text without a source, split in fewer chunks than before (another
-            # chunk_size): its old chunks past the new ones go too.
-            old |= {i for d in documents if d.source is None for i in self._beyond(d)}
-            doomed = sorted(old - set(ids))  # after the new chunks are stored: never none
-            for start in range(0, len(doomed), PAGE):
-                self.collection.delete(ids=doomed[start : start + PAGE])
+            new = set(ids)
+            self._delete_chunks({i: first for i, first in old.items() if i not in new})
         return ids
 
     def add_texts(
@@ -575,19 +653,31 @@ class KnowledgeBase:
             all_ids += self._write([document])
         return all_ids
 
-    def _ids_where(self, where: dict[str, Any]) -> list[str]:
-        """The ids of the chunks ``where`` matches, a page at a time."""
-        ids: list[str] = []
+    def _chunks_where(self, where: dict[str, Any]) -> dict[str, bool]:
+        """The chunks ``where`` matches, a page at a time: id to whether it is a version's first."""
+        found: dict[str, bool] = {}
         while True:
-            page = self.collection.get(where=where, limit=PAGE, offset=len(ids), include=[])
+            page = self.collection.get(
+                where=where, limit=PAGE, offset=len(found), include=["metadatas"]
+            )
             if not page["ids"]:
-                return ids
-            ids += page["ids"]
+                return found
+            for chunk_id, metadata in zip(page["ids"], page["metadatas"], strict=True):
+                found[chunk_id] = _is_first(metadata)
+
+    def _delete_chunks(self, doomed: Mapping[str, bool]) -> None:
+        """Delete chunks (id to whether it is a version's first), the firsts first.
+
+        A version whose first chunk is gone is left out of searches: one deleted
+        part-way never shows part of itself.
+        """
+        ordered = sorted(doomed, key=lambda chunk_id: not doomed[chunk_id])
+        for start in range(0, len(ordered), PAGE):
+            self.collection.delete(ids=ordered[start : start + PAGE])
 
     def _delete_where(self, where: dict[str, Any]) -> int:
-        doomed = self._ids_where(where)
-        for start in range(0, len(doomed), PAGE):
-            self.collection.delete(ids=doomed[start : start + PAGE])
+        doomed = self._chunks_where(where)
+        self._delete_chunks(doomed)
         return len(doomed)
 
     def delete_source(self, path: str | int | float | os.PathLike[str]) -> int:
@@ -766,11 +856,30 @@ class KnowledgeBase:
                     raise refused from exc
                 raise
             metadatas = [dict(metadata or {}) for metadata in found["metadatas"][0]]
+            current = self._current_versions(
+                {key for m in metadatas if (key := _document_of(m)) is not None}
+            )
+            # A version another is replacing or replaced (its write or delete failed
+            # or was killed): left out, one version of each document shows.
+            shown = [
+                (key := _document_of(m)) is None or m.get(VERSION_KEY) == current.get(key)
+                for m in metadatas
+            ]
+            for m in metadatas:
+                for hidden in HIDDEN_KEYS[1:]:
+                    m.pop(hidden, None)
             # A chunk of no recorded model was stored by an earlier version: compared as is.
             made = [m.pop(MODEL_KEY, None) for m in metadatas]
-            foreign = [name for name in made if name not in (model, None)]
-            # Another model's chunks take places of this model's: ask for more.
-            if not foreign or len(made) < wanted or len(made) - len(foreign) >= k:
+            foreign = [
+                name
+                for name, show in zip(made, shown, strict=True)
+                if show and name not in (model, None)
+            ]
+            kept = sum(
+                show and name in (model, None) for name, show in zip(made, shown, strict=True)
+            )
+            # Another model's or version's chunks take places of these: ask for more.
+            if kept == len(made) or len(made) < wanted or kept >= k:
                 break
             wanted *= 2
         if foreign:  # their similarity is noise: left out
@@ -782,16 +891,35 @@ class KnowledgeBase:
                 id=chunk_id,
                 metadata={**metadata, "score": 1.0 - distance},
             )
-            for chunk_id, text, metadata, distance, name in zip(
+            for chunk_id, text, metadata, distance, name, show in zip(
                 found["ids"][0],
                 found["documents"][0],
                 metadatas,
                 found["distances"][0],
                 made,
+                shown,
                 strict=True,
             )
-            if name in (model, None)
+            if show and name in (model, None)
         ][:k]
+
+    def _current_versions(self, keys: set[str]) -> dict[str, str]:
+        """The version searches show of each document of ``keys``.
+
+        Of its versions whose first chunk (stored last) is stored, the one stored
+        last. A document with none has no current version: only chunks an earlier
+        version of the package stored (which name no version) show then.
+        """
+        latest: dict[str, tuple[int, str]] = {}
+        ordered = sorted(keys)
+        for start in range(0, len(ordered), PAGE):
+            where = {"$and": [{DOCUMENT_KEY: {"$in": ordered[start : start + PAGE]}}, {"chunk": 0}]}
+            for metadata in self.collection.get(where=where, include=["metadatas"])["metadatas"]:
+                key, version = (metadata or {}).get(DOCUMENT_KEY), (metadata or {}).get(VERSION_KEY)
+                at = (metadata or {}).get(STORED_AT_KEY)
+                if isinstance(key, str) and isinstance(version, str) and isinstance(at, int):
+                    latest[key] = max(latest.get(key, (at, version)), (at, version))
+        return {key: version for key, (_, version) in latest.items()}
 
     def _stored_size(self, refusal: Exception | None = None) -> int | None:
         """The size of the collection's vectors (``None``: not known).
