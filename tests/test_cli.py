@@ -805,3 +805,64 @@ def test_scripted_model_writes_and_merges_memory_md() -> None:
     assert "- I prefer amounts in CNY." in second  # kept from the current MEMORY.md
     assert "- ap_bill." in second
     assert second.count("## Known database facts") == 1
+
+
+# -- output whose reader has gone ------------------------------------------------
+
+PIPED_CLI = """
+import sys
+from langchain_tiered_memory.cli import store
+from langchain_tiered_memory.cli.app import main
+from tests.fakes import HashEmbeddings
+
+store.make_embedding = HashEmbeddings  # retrieval is not under test: no model to load
+sys.argv = ["tiered-memory", *sys.argv[1:]]
+main()
+"""
+
+
+def _piped(home: Path, args: list[str], *, read_first_line: bool) -> tuple[int, bytes]:
+    """Run the CLI into a pipe whose reader closes early: before reading anything, or
+    after the first line. Its exit code and stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIERED_MEMORY_HOME": str(home)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", PIPED_CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    if read_first_line:
+        process.stdout.readline()
+    process.stdout.close()
+    errors = process.stderr.read()
+    return process.wait(timeout=SCRIPT_TIMEOUT), errors
+
+
+def test_a_reader_that_goes_ends_every_command_quietly(seeded: MySQLBackup, home: Path) -> None:
+    """``tiered-memory show s | head -1``: each command that prints ends quietly, with
+    0 or 141 (a shell's code for SIGPIPE), when its output's reader has gone. rich
+    exited 1, and export printed "error: BrokenPipeError: [Errno 32] Broken pipe"."""
+    line = "an overdue invoice of customer C-1024, " * 8
+    seeded.add_messages("long", [HumanMessage(f"{n} {line}") for n in range(3000)])
+    for n in range(600):
+        seeded.add_messages(f"many-{n:03d}", [HumanMessage("hi")])
+    large = [  # 1 MB and more: past any pipe's buffer
+        ["show", "long", "--limit", "3000"],
+        ["export", "long"],
+        ["export", "long", "--format", "jsonl"],
+        ["sessions", "--limit", "1000"],
+    ]
+    small = [
+        ["search", "ar-1", "overdue invoice"],
+        ["stats"],
+        ["reindex"],
+        ["forget", "bob-1", "--yes"],
+    ]
+    runs = [(args, False) for args in large + small] + [(args, True) for args in large]
+    for args, read_first_line in runs:
+        code, errors = _piped(home, args, read_first_line=read_first_line)
+        assert code in (0, 141), (args, read_first_line, code, errors)
+        # Nothing but what the command shows on stderr anyway (reindex's progress).
+        assert not re.search(rb"rror|roken pipe|Traceback", errors), (args, errors)

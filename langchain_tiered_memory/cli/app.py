@@ -5,13 +5,16 @@ The options that say where the tiers are come before the command, once for all:
 ``--home`` (or ``$TIERED_MEMORY_HOME``; default ``./.tiered_memory``) and
 ``--chroma-host`` (or ``$TIERED_MEMORY_CHROMA_HOST``; default an embedded Chroma in the
 home folder), e.g. ``tiered-memory --home demo sessions``. Errors are one line on
-stderr and exit code 1; ``TIERED_MEMORY_DEBUG=1`` shows the traceback instead.
+stderr and exit code 1; ``TIERED_MEMORY_DEBUG=1`` shows the traceback instead. Output
+whose reader has gone (``tiered-memory show s1 | head -1``) ends the command quietly
+with exit code 141, as a process that SIGPIPE ends.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import select
 import shlex
 import shutil
 import sys
@@ -97,8 +100,36 @@ _KNOWN = (
 )
 
 
+#: The exit code of a command whose output's reader has gone: a shell's for a process
+#: that SIGPIPE ends (128 + 13), as ``yes | head -1`` gives.
+PIPE_CLOSED = 141
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has gone."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no real stdout
+        return False
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device: what it still buffers would fail again at exit."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
+
+
 def friendly_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Report a command's exceptions as one red line and exit code 1, never a traceback."""
+    """Report a command's exceptions as one red line and exit code 1, never a traceback.
+
+    Output whose reader has gone (``| head``) ends the command quietly instead,
+    with :data:`PIPE_CLOSED`.
+    """
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -107,6 +138,10 @@ def friendly_errors(command: Callable[P, R]) -> Callable[P, R]:
         except (typer.Exit, typer.Abort):
             raise
         except Exception as exc:
+            # Another pipe or socket broken is an error of its own.
+            if isinstance(exc, BrokenPipeError) and _stdout_closed():
+                _discard_stdout()
+                raise typer.Exit(PIPE_CLOSED) from None
             if hasattr(exc, "exit_code") and hasattr(exc, "show"):
                 raise  # a usage error: typer/click prints it the usual way
             if os.environ.get("TIERED_MEMORY_DEBUG"):

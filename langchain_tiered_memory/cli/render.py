@@ -25,9 +25,17 @@ if TYPE_CHECKING:
     from langchain_tiered_memory.storage.archive import ArchivedMessage
 
 
+class _Output(Console):
+    """A console that leaves a closed pipe to the command (rich exits with code 1)."""
+
+    def on_broken_pipe(self) -> None:
+        """Raise ``BrokenPipeError``: ``friendly_errors`` ends the command quietly."""
+        raise BrokenPipeError
+
+
 def out() -> Console:
     """The console of a command's output (no highlighting of numbers or paths)."""
-    return Console(highlight=False)
+    return _Output(highlight=False)
 
 
 def message_text(message: BaseMessage) -> str:
