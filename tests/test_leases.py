@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatResult
 from pydantic import Field
 from sqlalchemy import inspect
@@ -29,6 +29,7 @@ from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
 
 from .long_memory_support import FakeExtractor, catalog, chroma_ids, job_rows, say, wait_until
 from .test_consolidation import FakeLLM, chat, cursor_of, log_rows
+from .test_long_memory_dedupe import assert_nothing_lost
 
 MakeMemory = Callable[..., ChromaLongMemory]
 STALE = 0.3  # seconds: the lease of the worker that is held up
@@ -169,6 +170,40 @@ def test_a_stale_vector_write_is_put_back_from_the_catalog(
     gated.gate.set()  # A now overwrites B's vector, and its commit is refused
     assert a.result() == 0
     _assert_extracted_once(backup, fresh, "Summary: fresh")
+
+
+def test_a_stale_merge_leaves_the_new_owners_sources_alone(
+    make_memory: MakeMemory, backup: MySQLBackup
+) -> None:
+    """A merged a turn into a stored memory, then stalled: B placed the turn otherwise.
+
+    B's batch also holds the turn's growth, so B stores the grown turn as its own
+    memory and leaves the stored one its first sources; A's refused commit must not
+    merge the turn's messages into the stored memory again.
+    """
+    fresh = make_memory()
+    chat = TieredChatMessageHistory("s", user_id="u", backup=backup, long_memory=fresh)
+    other = TieredChatMessageHistory("t", user_id="u", backup=backup, long_memory=fresh)
+    chat.add_messages([HumanMessage("hi"), AIMessage("hello")])
+    assert fresh.run_pending() == 1
+    say(other, "where are invoices kept?")  # A's batch: this turn, written to Chroma
+    chat.add_messages([HumanMessage("hi"), AIMessage("hello")])  # and this one, merged
+    chat.add_messages([AIMessage("hello")])  # the turn grows: B's batch only
+    stale = _stale_memory(make_memory, batch_size=2)
+    gated = GatedCollection(stale.collection)
+    stale.collection = gated
+    a = Runner(stale)
+    a.start()
+    assert gated.entered.wait(10)
+    until = max(job.lease_until for job in job_rows(backup) if job.lease_until is not None)
+    assert wait_until(lambda: utcnow() > until, timeout=10)
+    assert fresh.run_pending() == 3
+    gated.gate.set()
+    assert a.result() == 0
+    assert_nothing_lost(backup, fresh, "s")
+    assert_nothing_lost(backup, fresh, "t")
+    assert sorted(chroma_ids(fresh.collection)) == sorted(row.id for row in catalog(backup))
+    assert job_rows(backup) == []
 
 
 def test_a_session_forgotten_during_the_vector_write_keeps_no_vector(

@@ -187,6 +187,20 @@ class Version(NamedTuple):
     total: int  #: the sum of the seqs
 
 
+class CommitRefusedError(Exception):
+    """Jobs of a batch that are no longer ours: nothing of the batch was committed.
+
+    Another worker claimed them after our lease ran out, or a forget deleted them.
+
+    Attributes:
+        jobs: The ids of those jobs.
+    """
+
+    def __init__(self, jobs: set[int]) -> None:
+        super().__init__(f"jobs {sorted(jobs)} are no longer held by this worker")
+        self.jobs = jobs
+
+
 class Catalog:
     """The plans over the memories table (and the archive rows a job reads).
 
@@ -290,11 +304,13 @@ class Catalog:
         new: Sequence[Memory],
         merges: dict[str, tuple[set[int], set[int]]],
         jobs: Sequence[Job],
-    ) -> Plan[set[int]]:
-        """Record the batch and delete its jobs; returns the jobs whose commit was refused.
+    ) -> Plan[None]:
+        """Record the batch and delete its jobs, all of it or nothing.
 
-        A job is deleted only while it still carries our claim's token (``held_by``):
-        one claimed again by another worker, or forgotten, commits nothing.
+        A job is deleted only while it still carries our claim's token (``held_by``).
+        If one was claimed again by another worker, or forgotten, the batch raises
+        :class:`CommitRefusedError` and its transaction rolls back: where a batch
+        put each turn depends on its other turns, so none of it may land.
         """
         j, c = self.backup.tables.jobs, self.table.c
         refused: set[int] = set()
@@ -302,10 +318,12 @@ class Catalog:
             result = yield delete(j).where(held_by(j, [job]))
             if result.rowcount == 0:
                 refused.add(job.id)
+        if refused:
+            raise CommitRefusedError(refused)
         now = utcnow()
         # A grown turn's row is re-inserted (a new seq tells search caches to re-read
         # it); old rows go first, as a later memory of the batch may reuse their hash.
-        replaced = [m.id for m in new if m.replaces and m.job.id not in refused]
+        replaced = [m.id for m in new if m.replaces]
         kept: dict[str, str] = {}  # a grown turn stays superseded by what superseded it
         if replaced:
             marks = yield select(c.id, c.superseded_by).where(
@@ -314,8 +332,6 @@ class Catalog:
             kept = {row.id: row.superseded_by for row in marks}
             yield delete(self.table).where(c.id.in_(replaced))
         for memory in new:
-            if memory.job.id in refused:
-                continue
             yield insert(self.table).values(
                 id=memory.id,
                 session_id=memory.job.session_id,
@@ -344,8 +360,7 @@ class Catalog:
                     .where(c.id == memory_id)
                     .values(source_ids=json.dumps(merged))
                 )
-        yield from self.supersede_plan([m for m in new if m.job.id not in refused])
-        return refused
+        yield from self.supersede_plan(new)
 
     def supersede_plan(self, written: Sequence[Memory]) -> Plan[None]:
         """Mark the memories that the batch's memories supersede (nothing is deleted).
@@ -483,7 +498,7 @@ class Catalog:
         return (c.session_id == session_id) & c.user_id.is_(None)
 
     def refused_plan(self, mine: Sequence[Memory]) -> Plan[tuple[list[Any], set[int]]]:
-        """The catalog rows of refused memories, and which of their jobs are still queued."""
+        """The catalog rows of a refused batch's memories, and which of their jobs are queued."""
         c, j = self.table.c, self.backup.tables.jobs.c
         rows = yield select(self.table).where(c.id.in_([m.id for m in mine]))
         queued = yield select(j.id).where(j.id.in_([m.job.id for m in mine]))

@@ -47,7 +47,7 @@ class VectorIndex(Protocol):
         ...
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Remove memories by id (unknown ids are ignored)."""
+        """Remove memories by id (unknown ids are ignored, a repeated id is one)."""
         ...
 
     def delete_scope(self, session_id: str | None, user_id: str | None) -> None:
@@ -131,9 +131,9 @@ class ChromaVectorIndex:
         self._run(lambda collection: collection.update(ids=list(ids), metadatas=list(metadatas)))
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Remove memories by id."""
+        """Remove memories by id (an id given twice is removed once: Chroma refuses repeats)."""
         if ids:
-            self._run(lambda collection: collection.delete(ids=list(ids)))
+            self._run(lambda collection: collection.delete(ids=list(dict.fromkeys(ids))))
 
     def delete_scope(self, session_id: str | None, user_id: str | None) -> None:
         """Remove every vector of a scope, page by page."""
@@ -225,9 +225,9 @@ class VectorStoreIndex:
             )
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Remove memories by id."""
+        """Remove memories by id (a repeated id is one)."""
         if ids:
-            self.store.delete(list(ids))
+            self.store.delete(list(dict.fromkeys(ids)))
 
     def delete_scope(self, session_id: str | None, user_id: str | None) -> None:
         """Nothing: a ``VectorStore`` cannot list by metadata; forget deletes by id."""

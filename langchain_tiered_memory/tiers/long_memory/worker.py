@@ -60,6 +60,7 @@ from langchain_tiered_memory.tiers.extraction import (
 )
 from langchain_tiered_memory.tiers.long_memory.catalog import (
     Catalog,
+    CommitRefusedError,
     Memory,
     TurnRow,
     digest,
@@ -691,8 +692,9 @@ class ExtractionWorker(QueueWorker):
 
     def _write(self, fresh: Sequence[Memory], empty: Sequence[Job]) -> int:
         """Dedupe, embed, index and commit memories of held jobs; how many jobs finished."""
+        given = fresh
         # Copies: dedupe rewrites ids and provenance, and a failed batch is placed again.
-        fresh = [replace(memory) for memory in fresh]
+        fresh = [replace(memory) for memory in given]
         jobs = [m.job for m in fresh] + list(empty)
         latest: dict[str, Memory] = {}
         for memory in fresh:  # a later job of a turn that grew supersedes an earlier one
@@ -716,16 +718,37 @@ class ExtractionWorker(QueueWorker):
                     [m.text for m in writes],
                     [m.metadata() for m in writes],
                 )
-            commit = self.catalog.commit_plan(writes, provenance, jobs)
-            refused = self.backup.run(commit, write=True)
+            self.backup.run(self.catalog.commit_plan(writes, provenance, jobs), write=True)
+        except CommitRefusedError as refused:
+            # Nothing was committed. The lost jobs are another worker's now; the rest
+            # are placed again without them (where a turn goes depends on the batch).
+            self._give_back(writes, refused.jobs)
+            return self._write(
+                [m for m in given if m.job.id not in refused.jobs],
+                [job for job in empty if job.id not in refused.jobs],
+            )
         except Exception as exc:
             if indexed and not is_outage(exc):
                 self._restore_vectors(indexed)
             raise
-        self._settle_vectors(fresh, writes, refused)
-        if provenance:
-            self._refresh_provenance(list(provenance))
-        return len(jobs) - len(refused)
+        try:
+            written = {m.id for m in writes}
+            # A memory merged into another has no catalog row, and its job is gone with
+            # our commit: a vector an earlier, interrupted run wrote for it is dropped.
+            self.vectors.delete([m.id for m in fresh if m.id not in written])
+            if provenance:
+                self._refresh_provenance(list(provenance))
+        except Exception as exc:
+            # Committed: the catalog is right, and search checks every vector's id
+            # against it; storing the batch again would merge its turns twice.
+            logger.warning(
+                "a batch of %d jobs is stored, but Chroma was not brought in line (%s: %s); "
+                "reindex() repairs it",
+                len(jobs),
+                type(exc).__name__,
+                exc,
+            )
+        return len(jobs)
 
     def _restore_vectors(self, memory_ids: Sequence[str]) -> None:
         """Make the index agree with the catalog again after a commit that failed.
@@ -775,30 +798,25 @@ class ExtractionWorker(QueueWorker):
             batch.place(memory)
         return list(batch.writes.values()), batch.provenance
 
-    def _settle_vectors(
-        self, fresh: Sequence[Memory], new: Sequence[Memory], refused: set[int]
-    ) -> None:
-        """Make Chroma agree with the catalog for the memories of a batch.
+    def _give_back(self, writes: Sequence[Memory], lost: set[int]) -> None:
+        """Make Chroma agree with the catalog after a commit refused for ``lost`` jobs.
 
-        A memory merged into another one has no catalog row, and its job is gone
-        with our commit, so nobody will ever commit it: a vector an earlier,
-        interrupted run wrote for it is dropped. A memory whose commit was refused
-        (its job was claimed again after our lease ran out, or forgotten) is decided
-        by what the database holds, never by the missing job row alone: a catalog
-        row (the new owner's commit) is written back over our vector; no catalog
-        row and no job means no commit can come, so our vector goes; a job still
-        queued belongs to its new owner, who writes or drops that vector itself.
+        A vector of a lost job's memory is decided by what the database holds, never
+        by the missing job row alone: a catalog row (the new owner's commit) is
+        written back over our vector; no catalog row and no job means no commit can
+        come, so our vector goes; a job still queued belongs to its new owner, who
+        writes or drops that vector itself. The other vectors are put back as the
+        catalog holds them; placing the batch again writes its own.
         """
-        written = {m.id for m in new}
-        dropped = [m.id for m in fresh if m.id not in written and m.job.id not in refused]
-        mine = [m for m in new if m.job.id in refused]
+        mine = [m for m in writes if m.job.id in lost]
         if mine:
             rows, queued = self.backup.run(self.catalog.refused_plan(mine))
             self._index_rows(rows)
             stored = {row.id for row in rows}
-            dropped += [m.id for m in mine if m.id not in stored and m.job.id not in queued]
-        if dropped:
-            self.vectors.delete(dropped)
+            self.vectors.delete(
+                [m.id for m in mine if m.id not in stored and m.job.id not in queued]
+            )
+        self._restore_vectors([m.id for m in writes if m.job.id not in lost])
 
     def _refresh_provenance(self, memory_ids: Sequence[str]) -> None:
         rows = self.backup.run(self.catalog.provenance_plan(memory_ids), read_only=True)
