@@ -474,6 +474,22 @@ def mixed_languages() -> str:
     return "\n".join(parts)
 
 
+def control_characters() -> str:
+    """Tool output with control characters: NUL padding of a record read as text,
+    pdftotext's form feed between pages, a terminal's colour codes."""
+    rng = _rng()
+    records = [
+        f"{rng.choice(_WORDS)}_{n}".ljust(24, "\x00") + f"{rng.randrange(10**6)}\x00\x00\x00\x00"
+        for n in range(40)
+    ]
+    pages = [f"Page {n}\nThe {rng.choice(_WORDS)} is {rng.choice(_WORDS)}.\f" for n in range(40)]
+    colours = [
+        f"\x1b[3{rng.randrange(8)}m{rng.choice(_WORDS)}\x1b[0m \x1b[1m{n}\x1b[0m\r"
+        for n in range(40)
+    ]
+    return "\n".join(records + pages + colours)
+
+
 #: Generated and real samples of the other classes, by name.
 STRUCTURED: dict[str, Callable[[], str]] = {
     "Python source (stdlib)": python_source,
@@ -499,6 +515,7 @@ STRUCTURED: dict[str, Callable[[], str]] = {
     "one word per line": word_per_line,
     "checklist (short lines)": short_lines,
     "mixed languages and code": mixed_languages,
+    "control characters (NUL, form feed, ANSI)": control_characters,
 }
 
 

@@ -98,6 +98,9 @@ AFTER_DIGIT_WEIGHT = 0.5
 # newlines; the indentation after a line break is a token of its own; tabs (a table's
 # empty cells) merge little.
 _SPACE_RUN = re.compile(r"\s{2,}")
+# Control characters (NUL, form feed, an escape code's ESC, DEL): cl100k's
+# pre-tokenizer splits each from its neighbours, and BPE merges them rarely.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 SPACES_PER_TOKEN = 64
 BREAKS_PER_TOKEN = 8
@@ -139,11 +142,12 @@ def _beyond_ascii(text: str) -> float:
 
 
 def _count(text: str) -> float:
-    pieces = 0.0
+    pieces = float(len(_CONTROL.findall(text)))  # a token each
     if not text.isascii():
         pieces += _beyond_ascii(text)
         # The passes below read ASCII: a run of other letters is one mark to them, as
-        # it is to cl100k's pre-tokenizer around it (a word apart from its neighbours).
+        # it is to cl100k's pre-tokenizer around it (a word apart from its neighbours);
+        # the NUL standing for it is not counted (the text's own were, above).
         text = _NON_ASCII.sub("\x00", text)
     pieces += len(_PIECE.findall(text))
     pieces += AFTER_DIGIT_WEIGHT * sum(len(run) - 2 for run in _AFTER_DIGIT.findall(text))
