@@ -18,6 +18,7 @@ import inspect
 import json
 import random
 import string
+import unicodedata
 import uuid
 from collections.abc import Callable
 
@@ -191,6 +192,24 @@ LANGUAGES: dict[str, str] = {
         "안녕하세요, 다음 달에 부모님을 모시고 제주도로 여행을 가려고 합니다. "
         "어르신들이 많이 걷기 힘드셔서 차로 이동하기 편한 일정으로 추천해 주실 수 "
         "있을까요? 바다가 보이는 조용한 숙소면 더 좋겠습니다."
+    ),
+    "Dhivehi (Thaana)": ("އައްސަލާމު ޢަލައިކުމް. މާދަމާ ހެނދުނު މާލެއިން ހުޅުމާލެއަށް ދާން ބޭނުންވޭ. ބަސް ދުއްވާ ގަޑި ބުނެދެވިދާނެތަ؟ ޝުކުރިއްޔާ."),
+    "Assyrian (Syriac)": (
+        "ܫܠܡܐ ܥܠܘܟ. ܐܝܟܢܐ ܐܝܬܝܟ؟ ܐܢܐ ܒܥܝܢ ܠܡܐܙܠ ܠܫܘܩܐ ܥܡ ܐܚܘܢܝ ܝܘܡܐ ܕܥܪܘܒܬܐ. ܐܝܬ ܠܟ ܙܒܢܐ ܠܡܐܬܝ ܥܡܢ؟"
+    ),
+    "Manding (N'Ko)": ("ߌ ߣߌ߫ ߛߐ߲߬ߜߐ߫. ߒ ߓߘߊ߫ ߕߊ߯ ߟߐ߯ߝߍ ߟߊ߫ ߛߎ߬ߡߊ߲߬ߘߊ߲߫ ߞߊ߬ ߡߊ߬ߝߍ߬ߣߍ߲ ߛߊ߲߬. ߊߟߎ߫ ߓߍ߯ ߞߍ߫ ߌ ߞߍߟߊ߫ ߘߌ߫؟"),
+    "Inuktitut (Canadian syllabics)": (
+        "ᐊᐃᖓᐃ, ᖃᐅᔨᒪᔪᖓ ᐅᓪᓗᒥ ᐃᖃᓗᒃᓴᖅᑐᖃᕐᓂᐊᖅᑐᖅ ᑕᓯᐅᑉ ᓯᓈᓂ. ᖃᓄᐃᓕᐅᖅᑐᖃᕐᓂᐊᖅᐸ ᓯᓚ ᐊᓂᖅᑐᖃᕐᐸᑦ? ᖁᔭᓐᓇᒦᒃ."
+    ),
+    "Cherokee (Cherokee)": (
+        "ᎣᏏᏲ! ᏙᎯᏧ? ᎣᏍᏛ ᎠᏆᏛᎦ, ᎤᏙᎯᏳ ᎦᎵᏉᎩ ᏧᏒᎯᏛ ᏥᏅᎩ ᏣᎳᎩ ᎠᏕᎶᏆᏍᏗ ᎠᏆᏚᎵ. ᎭᏢ ᏣᏕᎶᏆᏍᏗᏍᎪ? ᏩᏙ."
+    ),
+    "Tamazight (Tifinagh)": (
+        "ⴰⵣⵓⵍ ⴼⵍⵍⴰⴽ, ⵎⴰⵏⵣⴰⴽⵉⵏ? ⵔⵉⵖ ⴰⴷ ⴷⴷⵓⵖ ⵙ ⵜⵎⴷⵉⵏⵜ ⴰⵙⴽⴽⴰ ⴷ ⵢⵉⵡⵏ ⵓⵎⴷⴷⴰⴽⴽⵍ. "
+        "ⵎⴰⵏⵉ ⵍⵍⴰⵏ ⵉⴽⴰⵕⵕⵓⵙⵏ? ⵜⴰⵏⵎⵎⵉⵔⵜ."
+    ),
+    "Javanese (Javanese script)": (
+        "ꦱꦸꦒꦼꦁꦫꦮꦸꦃ, ꦏꦥꦤ꧀ ꦥꦚ꧀ꦗꦼꦤꦼꦔꦤ꧀ ꦠꦶꦤꦏ꧀ꦲꦶꦁ ꦱꦺꦴꦭꦺꦴ? ꦲꦏꦸ ꦏꦥꦺꦴꦁ ꦱꦶꦤꦲꦸ ꦧꦲꦱꦗꦮ ꦏꦤ꧀ꦛꦶ ꦧꦥꦏ꧀ꦭꦤ꧀ꦆꦧꦸ. ꦩꦠꦸꦂꦤꦸꦮꦸꦤ꧀."
     ),
 }
 
@@ -490,6 +509,17 @@ def control_characters() -> str:
     return "\n".join(records + pages + colours)
 
 
+def korean_nfd() -> str:
+    """Korean decomposed into conjoining jamo (NFD), as macOS file names and text copied
+    from them hold it."""
+    return unicodedata.normalize("NFD", LANGUAGES["Korean (Hangul)"])
+
+
+def pdf_arabic() -> str:
+    """Arabic as some PDF extractors give it: presentation forms, one per letter shape."""
+    return "\n".join(["ﺍﻟﺴﻼﻡ ﻋﻠﻴﻜﻢ ﻭﺭﺣﻤﺔ ﺍﻟﻠﻪ ﻭﺑﺮﻛﺎﺗﻪ", "ﺍﻟﻔﺎﺗﻮﺭﺓ ﺭﻗﻢ ١٢٣ ﻣﺴﺘﺤﻘﺔ ﺍﻟﺪﻓﻊ"] * 10)
+
+
 #: Generated and real samples of the other classes, by name.
 STRUCTURED: dict[str, Callable[[], str]] = {
     "Python source (stdlib)": python_source,
@@ -516,6 +546,8 @@ STRUCTURED: dict[str, Callable[[], str]] = {
     "checklist (short lines)": short_lines,
     "mixed languages and code": mixed_languages,
     "control characters (NUL, form feed, ANSI)": control_characters,
+    "Korean in NFD (conjoining jamo)": korean_nfd,
+    "Arabic presentation forms (PDF)": pdf_arabic,
 }
 
 

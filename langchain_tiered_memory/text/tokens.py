@@ -48,6 +48,7 @@ _RARE_HAN = re.compile("[\U00020000-\U0003ffff]+")
 #: commonest first (cl100k_base on everyday sentences, ``benchmarks/token_samples.py``;
 #: a space before a word is in its first token). Any other character past ASCII is
 #: one token: Latin-1's accented letters, Arabic, Thai, symbols, punctuation.
+#: A script BPE hardly saw is a token per UTF-8 byte: an unlisted one is undercounted.
 SCRIPT_WEIGHTS: tuple[tuple[float, str], ...] = (
     # Cyrillic; Vietnamese's letters with tone marks (Latin Extended Additional); box
     # drawing (a terminal's tables and trees: its lines merge)
@@ -73,8 +74,20 @@ SCRIPT_WEIGHTS: tuple[tuple[float, str], ...] = (
     ),
     # Bengali, Tamil, Khmer
     (1.6, "\u0980-\u09ff\u0b80-\u0bff\u1780-\u17ff"),
-    # Ethiopic (Amharic, Tigrinya): a syllable per character, about a token per byte
-    (3, "\u1200-\u139f\u2d80-\u2ddf"),
+    # Syriac, Thaana (Dhivehi), N'Ko: a token per UTF-8 byte, as BPE merged few of them
+    (2, "\u0700-\u07ff"),
+    # Ethiopic (Amharic, Tigrinya): a syllable per character, about a token per byte;
+    # so are the scripts of three UTF-8 bytes BPE hardly saw: Samaritan, Hangul's
+    # conjoining jamo (Korean in NFD, as macOS file names have it), Cherokee, Canadian
+    # syllabics, Tagalog, Balinese, Javanese, Tai scripts, Braille, Glagolitic, Coptic,
+    # Tifinagh, CJK radicals, Yi, Vai, Cham, Meetei Mayek, Arabic presentation forms
+    (
+        3,
+        "\u1200-\u139f\u2d80-\u2ddf\u0800-\u08ff\u1100-\u11ff\u13a0-\u177f"
+        "\u18b0-\u1c7f\u1cc0-\u1cff\u2800-\u28ff\u2c00-\u2cff\u2d30-\u2d7f"
+        "\u2e80-\u2fdf\ua000-\ua63f\ua6a0-\ua8df\ua900-\uabff\ud7b0-\ud7ff"
+        "\ufb50-\ufdff\ufe70-\ufefe",
+    ),
 )
 _SCRIPTS = [(weight, re.compile(f"[{ranges}]+")) for weight, ranges in SCRIPT_WEIGHTS]
 _ANY_SCRIPT = re.compile(f"[{''.join(ranges for _, ranges in SCRIPT_WEIGHTS)}]+")
