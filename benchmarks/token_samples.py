@@ -509,6 +509,22 @@ def control_characters() -> str:
     return "\n".join(records + pages + colours)
 
 
+def separator_lines() -> str:
+    """Console reports ruled by separator lines (pytest, psql, a Markdown rule)."""
+    rng = _rng()
+    blocks = []
+    for n in range(25):
+        blocks += [
+            f"{'=' * 30} test session {n} starts {'=' * 30}",
+            f"collected {rng.randrange(1, 500)} items",
+            "-" * 78,
+            f"{rng.choice(_WORDS)}_{n}.py ........{rng.choice(['.', 'F', 's'])}..... [100%]",
+            "_" * 40 + f" {rng.choice(_WORDS)} " + "_" * 40,
+            "*" * 20,
+        ]
+    return "\n".join(blocks)
+
+
 def korean_nfd() -> str:
     """Korean decomposed into conjoining jamo (NFD), as macOS file names and text copied
     from them hold it."""
@@ -546,6 +562,7 @@ STRUCTURED: dict[str, Callable[[], str]] = {
     "checklist (short lines)": short_lines,
     "mixed languages and code": mixed_languages,
     "control characters (NUL, form feed, ANSI)": control_characters,
+    "separator lines (console report)": separator_lines,
     "Korean in NFD (conjoining jamo)": korean_nfd,
     "Arabic presentation forms (PDF)": pdf_arabic,
 }

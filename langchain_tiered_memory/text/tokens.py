@@ -94,13 +94,19 @@ _ANY_SCRIPT = re.compile(f"[{''.join(ranges for _, ranges in SCRIPT_WEIGHTS)}]+"
 _NON_ASCII = re.compile("[^\\x00-\\x7f\\s]+")
 LONG_WORD_CHARS = 10
 _PUNCT = "!-/:-@\\[-`{-~"
-# What cl100k's pre-tokenizer splits ASCII into: words (cut where a lower-case letter
-# meets a capital and every 10 letters; a "." or "/" before one is in its token:
-# ".com", "/blob"), numbers of up to 3 digits, pairs of marks with the line breaks
-# after them, line breaks after anything else (a token each: one word per line is two
-# tokens a line), and a lone tab.
+#: Marks whose runs BPE merged into long tokens: up to 16 of one are a token in a text
+#: (a separator line of 80 "-" or "=" alone is one or two); other marks' runs go two or
+#: four to a token.
+RUN_MARKS = "-=_.*#/"
+MARKS_PER_RUN = 16
+# What cl100k's pre-tokenizer splits ASCII into: runs of one of RUN_MARKS, words (cut
+# where a lower-case letter meets a capital and every 10 letters; a "." or "/" before
+# one is in its token: ".com", "/blob"), numbers of up to 3 digits, pairs of marks
+# with the line breaks after them, line breaks after anything else (a token each: one
+# word per line is two tokens a line), and a lone tab.
 _PIECE = re.compile(
-    f"[./]?(?:[A-Z]?[a-z]{{1,{LONG_WORD_CHARS}}}|[A-Z]{{1,{LONG_WORD_CHARS}}})"
+    f"([{re.escape(RUN_MARKS)}])\\1{{2,{MARKS_PER_RUN - 1}}}(?:[\\r\\n]\\s*)?"
+    f"|[./]?(?:[A-Z]?[a-z]{{1,{LONG_WORD_CHARS}}}|[A-Z]{{1,{LONG_WORD_CHARS}}})"
     f"|[0-9]{{1,3}}|[{_PUNCT}]{{1,2}}(?:[\\r\\n]\\s*)?|[\\r\\n]\\s*|(?<!\\s)\\t(?!\\s)"
 )
 # Letters after a digit are the inside of a key, a hash or base64 ("k3jx9Qz"), not a
@@ -180,17 +186,20 @@ def _count(text: str) -> float:
 def _floor(text: str) -> float:
     """Fewer tokens than ``text`` has, read whole at C speed (no regular expression).
 
-    Visible ASCII takes at least one token per four characters, spaces one per 128,
+    Visible ASCII takes at least one token per four characters (a separator's run of
+    one mark, one per 64), spaces one per 128,
     other whitespace one per 32, and each byte past a character's first UTF-8 byte
     half a token (a Chinese character one, cl100k gives it one or two). A sample
     that missed what the text is made of cannot go below it.
     """
     wide = 0 if text.isascii() else len(text.encode("utf-8", "surrogatepass")) - len(text)
+    # Runs of RUN_MARKS (separator lines) are at least a token per 64 marks.
+    runs = sum(text.count(mark * MARKS_PER_RUN) for mark in RUN_MARKS)
     spaces = text.count(" ")
     other = text.count("\t") + text.count("\n") + text.count("\r")
     # Each character past ASCII has at least one byte more: at most `wide` of them.
-    visible = max(0, len(text) - spaces - other - wide)
-    return visible / 4 + spaces / 128 + other / 32 + wide / 2
+    visible = max(0, len(text) - spaces - other - wide - runs * MARKS_PER_RUN)
+    return visible / 4 + spaces / 128 + other / 32 + wide / 2 + runs * MARKS_PER_RUN / 64
 
 
 _MISSING = object()
