@@ -36,6 +36,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_tiered_memory import MySQLBackup, TieredChatMessageHistory, estimate_tokens
+from langchain_tiered_memory.core.turns import is_system
 from langchain_tiered_memory.text.media import (
     TOKENS_PER_UNREAD_MEDIA,
     TOKENS_PER_UNSIZED_IMAGE,
@@ -237,7 +238,7 @@ def assert_sendable_and_whole(window: list[BaseMessage], stored: list[BaseMessag
     for message in stored:
         extra.remove(message)  # a ValueError if the window lost it
     assert all(isinstance(m, ToolMessage) and m.content == UNANSWERED for m in extra), extra
-    others = [m for m in stored if not isinstance(m, SystemMessage)]
+    others = [m for m in stored if not is_system(m)]
     assert [m for m in window if m in others] == others
 
 
@@ -278,7 +279,36 @@ SYSTEM_MID_TURN: dict[str, list[BaseMessage]] = {
         SystemMessage("s3"),
         AIMessage("a2"),
     ],
+    # A ChatMessage "system" or "developer" is sent with that role (langchain_openai).
+    "a ChatMessage system between a call and its result": [
+        HumanMessage("q"),
+        _lookup("a"),
+        ChatMessage(role="system", content="the user is on the premium plan"),
+        ToolMessage("r", tool_call_id="a"),
+        AIMessage("done"),
+    ],
+    "ChatMessage developer and system after questions": [
+        HumanMessage("q1"),
+        ChatMessage(role="developer", content="answer in French"),
+        AIMessage("oui"),
+        HumanMessage("q2"),
+        AIMessage("non"),
+        ChatMessage(role="system", content="be brief"),
+    ],
 }
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_validate_conversation_refuses_a_chat_message_system_mid_conversation(role: str) -> None:
+    """A ``ChatMessage`` "system"/"developer" goes out with that role: mid-conversation
+    it is refused as a ``SystemMessage`` is (the check passed it)."""
+    validate_conversation([ChatMessage(role=role, content="s"), HumanMessage("q")])
+    for late in (
+        [HumanMessage("q"), ChatMessage(role=role, content="s")],
+        [HumanMessage("q"), _lookup("a"), ChatMessage(role=role, content="s")],
+    ):
+        with pytest.raises(ValueError, match="system message after"):
+            validate_conversation(late)
 
 
 @pytest.mark.parametrize("case", list(SYSTEM_MID_TURN))
@@ -291,7 +321,7 @@ def test_a_system_message_stored_mid_turn_leads_the_window(backup: MySQLBackup, 
     history.add_messages(stored)
     window = history.messages
     assert_sendable_and_whole(window, stored)
-    system = [m for m in stored if isinstance(m, SystemMessage)]
+    system = [m for m in stored if is_system(m)]
     assert window[: len(system)] == system
     # Under a budget, the newest turns only, whose system messages still lead.
     last = stored[max(i for i, m in enumerate(stored) if isinstance(m, HumanMessage)) :]

@@ -57,6 +57,15 @@ def role_of(message: BaseMessage) -> str:
     return _ROLE_OF_TYPE.get(message.type, message.type)
 
 
+def is_system(message: BaseMessage) -> bool:
+    """Whether ``message`` is a system message.
+
+    A ``SystemMessage``, or a ``ChatMessage`` "system" or "developer", which the
+    provider integrations send with that role too.
+    """
+    return role_of(message) == "system"
+
+
 def roles_of(messages: Sequence[BaseMessage]) -> list[str]:
     """:func:`role_of` of each message."""
     return [role_of(message) for message in messages]

@@ -36,6 +36,7 @@ from langchain_tiered_memory.core.prompts import CompressionLabels, Prompts, pro
 from langchain_tiered_memory.core.turns import (
     answerable_calls,
     answered_call,
+    is_system,
     role_of,
     roles_of,
     tool_calls_of,
@@ -182,7 +183,8 @@ def _question(messages: Sequence[BaseMessage], cut: int) -> range | None:
 def validate_conversation(messages: Sequence[BaseMessage]) -> None:
     """Raise ``ValueError`` unless chat providers would accept ``messages``.
 
-    Checks: system messages only at the start; every tool result answers a tool
+    Checks: system messages (a ``ChatMessage`` "system" or "developer" too) only at
+    the start; every tool result answers a tool
     call of the AI message before it; every tool call is answered before the next
     human or AI message (a ``FunctionMessage`` or a ``ChatMessage`` "tool" right
     after it answers it too: :func:`~langchain_tiered_memory.core.turns.answered_call`).
@@ -191,7 +193,7 @@ def validate_conversation(messages: Sequence[BaseMessage]) -> None:
     # (id, tool name) of each call not answered yet: a message may make two of one id.
     open_calls: list[tuple[str, str]] = []
     for index, message in enumerate(messages):
-        if isinstance(message, SystemMessage):
+        if is_system(message):
             if seen_other:
                 msg = f"message {index} is a system message after the conversation started"
                 raise ValueError(msg)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 
 from langchain_tiered_memory.core.turns import (
     answerable_calls,
     answered_call,
+    is_system,
     split_turns,
     tool_call_ids,
 )
@@ -118,10 +119,11 @@ def system_messages_first(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     mid-conversation (langchain_anthropic moves a later one into the leading
     instructions, and refuses it when the prompt has its own), nor has Google's
     API. At the start of a window, after a prompt's own system message, they are
-    part of its instructions, which every provider takes.
+    part of its instructions, which every provider takes. A ``ChatMessage``
+    "system" or "developer" is one too (:func:`~langchain_tiered_memory.core.turns.is_system`).
     """
-    system = [message for message in messages if isinstance(message, SystemMessage)]
-    rest = [message for message in messages if not isinstance(message, SystemMessage)]
+    system = [message for message in messages if is_system(message)]
+    rest = [message for message in messages if not is_system(message)]
     return [*system, *rest]
 
 
