@@ -42,8 +42,10 @@ from langchain_tiered_memory import (
     SessionOwnershipError,
     TieredChatMessageHistory,
     create_tiered_chain,
+    estimate_tokens,
 )
 from langchain_tiered_memory.core.prompts import PROMPTS
+from langchain_tiered_memory.core.turns import tool_calls_of
 from langchain_tiered_memory.core.validation import SESSION_DATE_KEY, InvalidSessionDateError
 from langchain_tiered_memory.integrations.chain import (
     NOT_RUN,
@@ -691,6 +693,42 @@ async def test_a_tool_call_of_the_answer_is_archived_with_a_not_run_result(
     assert [m.type for m in stored] == ["human", "ai", "tool", "human", "ai", "human", "ai", "tool"]
     call_id = stored[-2].tool_calls[0]["id"]
     assert call_id and stored[-1].tool_call_id == call_id
+
+
+def _use(call_id: str | None, key: str = "id") -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_use", "name": "lookup", "input": {"q": "x"}}
+    if call_id is not None:
+        block[key] = call_id
+    return block
+
+
+#: Answers making one call each, given both as a tools_calls entry and a content block.
+ONE_CALL_TWICE = {
+    "both of id ''": ("", ""),
+    "an entry without an id, a block of id ''": (None, ""),
+    "neither with an id": (None, None),
+    "an entry without an id, a block with one": (None, "toolu_1"),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_CALL_TWICE))
+def test_a_call_given_twice_in_the_answer_is_archived_as_one_call_with_one_result(
+    backup: MySQLBackup, case: str
+) -> None:
+    """A call in ``tool_calls`` and as a content block (Anthropic's shape) is one call:
+    the chain named the entry of id ``""`` or none anew, not its block, so the archive
+    held two calls with two results and the window counted its arguments twice."""
+    entry_id, block_id = ONE_CALL_TWICE[case]
+    calls = [{"name": "lookup", "args": {"q": "x"}, "id": entry_id}]
+    answer = AIMessage([{"type": "text", "text": "checking"}, _use(block_id)], tool_calls=calls)
+    chat = create_tiered_chain(model(answer), backup=backup)
+    chat.invoke("look x up", config("s"))
+    _, stored_answer, *results = backup.get_messages("s")
+    assert len(tool_calls_of(stored_answer)) == 1
+    [result] = results
+    assert result.tool_call_id == tool_calls_of(stored_answer)[0]["id"]
+    assert estimate_tokens([stored_answer]) == estimate_tokens([answer])
+    validate_conversation(TieredChatMessageHistory("s", backup=backup).messages)
 
 
 def test_no_warning_when_every_tier_answers(backup: MySQLBackup, make_memory: MakeMemory) -> None:

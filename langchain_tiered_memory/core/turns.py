@@ -8,7 +8,8 @@ defined here too: a tool result belongs with the call it answers.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 from langchain_core.messages.tool import InvalidToolCall, ToolCall
@@ -194,6 +195,51 @@ def tool_calls_of(message: BaseMessage) -> list[ToolCall | InvalidToolCall]:
         given only as blocks.
     """
     return _calls_and_repeats(message)[0]
+
+
+def _named_block(
+    block: str | dict[Any, Any], fresh: dict[object, list[str]]
+) -> str | dict[Any, Any]:
+    """``block`` with the next of ``fresh``'s ids for its tool, if it makes a call without one."""
+    call = _block_call(block)
+    if call is None or call["id"] is not None or not fresh.get(call["name"]):
+        return block
+    assert isinstance(block, dict)  # a call block is one (_block_call)
+    return {**block, _CALL_BLOCKS[block["type"]][0]: fresh[call["name"]].pop(0)}
+
+
+def name_calls(message: AIMessage, new_id: Callable[[], str]) -> AIMessage:
+    """``message`` with an id for each call that has none, the same wherever it is given.
+
+    A ``tool_calls`` entry takes the id :func:`tool_calls_of` reads for it (``""``
+    is an id, and an entry without one takes the id of its content block); one
+    without any gets ``new_id()``, as does the content block without an id that
+    repeats it, so the call stays one call. So does an invalid call without an id.
+
+    Args:
+        message: An AI message.
+        new_id: Makes an id for a call that has none.
+    """
+    calls = tool_calls_of(message)
+    fresh: dict[object, list[str]] = {}  # a tool's name -> new ids, in call order
+    named = []
+    for entry, seen in zip(message.tool_calls, calls, strict=False):
+        call_id = call_id_of(seen)
+        if call_id is None:
+            call_id = new_id()
+            fresh.setdefault(entry.get("name"), []).append(call_id)
+        named.append({**entry, "id": call_id})
+    invalid = [
+        {**entry, "id": call_id if (call_id := call_id_of(entry)) is not None else new_id()}
+        for entry in message.invalid_tool_calls
+    ]
+    content = message.content
+    if isinstance(content, list):
+        # The blocks without an id pair, in order, with the entries left without one
+        # (as tool_calls_of pairs them).
+        content = [_named_block(block, fresh) for block in content]
+    update = {"tool_calls": named, "invalid_tool_calls": invalid, "content": content}
+    return message.model_copy(update=update)
 
 
 def repeated_call_blocks(message: BaseMessage) -> set[int]:

@@ -55,7 +55,7 @@ from langchain_tiered_memory.core.steps import (
     run,
     run_stream,
 )
-from langchain_tiered_memory.core.turns import tool_calls_of
+from langchain_tiered_memory.core.turns import call_id_of, name_calls, tool_calls_of
 from langchain_tiered_memory.core.validation import check_int, validate_messages
 from langchain_tiered_memory.integrations.finish_reason import FinishReasonHandler, as_ai
 from langchain_tiered_memory.integrations.knowledge import KnowledgeBase
@@ -109,17 +109,8 @@ def _with_not_run(answer: AIMessage) -> list[AIMessage | ToolMessage]:
     without a result, every later prompt of the session would carry a call that
     providers refuse. A call without an id gets one, so its result can name it.
     """
-    if not all(call.get("id") for call in tool_calls_of(answer)):
-        named = {
-            key: [
-                {**call, "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}"} for call in calls
-            ]
-            for key, calls in (
-                ("tool_calls", answer.tool_calls),
-                ("invalid_tool_calls", answer.invalid_tool_calls),
-            )
-        }
-        answer = answer.model_copy(update=named)
+    if any(call_id_of(call) is None for call in tool_calls_of(answer)):
+        answer = name_calls(answer, lambda: f"call_{uuid.uuid4().hex[:24]}")
     results = [
         ToolMessage(NOT_RUN, tool_call_id=call["id"], name=call.get("name") or "tool")
         for call in tool_calls_of(answer)
