@@ -536,6 +536,37 @@ def pdf_arabic() -> str:
     return "\n".join(["ﺍﻟﺴﻼﻡ ﻋﻠﻴﻜﻢ ﻭﺭﺣﻤﺔ ﺍﻟﻠﻪ ﻭﺑﺮﻛﺎﺗﻪ", "ﺍﻟﻔﺎﺗﻮﺭﺓ ﺭﻗﻢ ١٢٣ ﻣﺴﺘﺤﻘﺔ ﺍﻟﺪﻓﻊ"] * 10)
 
 
+def nfd_accents() -> str:
+    """Vietnamese and French with their accents as combining marks (NFD), as text copied
+    from macOS file names or some PDFs holds them."""
+    return unicodedata.normalize(
+        "NFD", LANGUAGES["Vietnamese (Latin)"] + "\n" + LANGUAGES["French (Latin)"]
+    )
+
+
+def phonetic() -> str:
+    """Transcriptions in the International Phonetic Alphabet, as a dictionary gives them."""
+    return "\n".join(
+        [
+            "invoice /ˈɪnvɔɪs/, schedule /ˈʃɛdʒuːl/ or /ˈskɛdʒuːl/, either /ˈaɪðər/",
+            "ðə kwɪk braʊn fɒks dʒʌmps ˈoʊvər ðə ˈleɪzi dɔɡ",
+            "aɪ θɪŋk ˈɛvriˌwʌn ʃʊd lɜrn ðə ˌɪntərˈnæʃənəl ˈfoʊnɛtɪk ˈælfəˌbɛt",
+            "thought /θɔːt/, water /ˈwɔːtə/ (UK), /ˈwɑːtɚ/ (US), judge /dʒʌdʒ/",
+        ]
+    )
+
+
+def pdf_ligatures() -> str:
+    """English as some PDF extractors give it: ﬁ, ﬂ, ﬀ, ﬃ kept as one character each."""
+    return " ".join(
+        [
+            "The ﬁrst ﬂoor of the oﬃce was ﬁlled with ﬁne ﬂowers, and the staﬀ found it",
+            "diﬃcult to ﬁnd an eﬀective workﬂow. Please ﬁll in the ﬁnancial aﬃdavit and",
+            "reﬂect the oﬀer in the ﬁnal ﬁgures before the ﬁscal deadline.",
+        ]
+    )
+
+
 #: Generated and real samples of the other classes, by name.
 STRUCTURED: dict[str, Callable[[], str]] = {
     "Python source (stdlib)": python_source,
@@ -565,6 +596,9 @@ STRUCTURED: dict[str, Callable[[], str]] = {
     "separator lines (console report)": separator_lines,
     "Korean in NFD (conjoining jamo)": korean_nfd,
     "Arabic presentation forms (PDF)": pdf_arabic,
+    "accents as combining marks (NFD)": nfd_accents,
+    "phonetic transcription (IPA)": phonetic,
+    "Latin ligatures (PDF)": pdf_ligatures,
 }
 
 

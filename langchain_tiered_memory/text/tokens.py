@@ -65,28 +65,30 @@ SCRIPT_WEIGHTS: tuple[tuple[float, str], ...] = (
     ),
     # Latin Extended-A/B (Polish, Czech, Turkish, Romanian), Armenian, Gurmukhi,
     # Gujarati, Oriya, Telugu, Kannada, Malayalam, Sinhala, Lao, Tibetan, Myanmar,
-    # Georgian, Mongolian; mathematical operators and phonetic letters (subscripts)
+    # Georgian, Mongolian; mathematical operators and phonetic letters (IPA, its
+    # stress marks, subscripts)
     (
         1.9,
-        "\u0100-\u024f\u0530-\u058f\u0a00-\u0b7f\u0c00-\u0dff\u0e80-\u0fff"
+        "\u0100-\u02ff\u0530-\u058f\u0a00-\u0b7f\u0c00-\u0dff\u0e80-\u0fff"
         "\u1000-\u10ff\u1c90-\u1cbf\u2d00-\u2d2f\u1800-\u18af\u1d00-\u1dbf"
         "\u2200-\u22ff\u2a00-\u2aff",
     ),
-    # Bengali, Tamil, Khmer
-    (1.6, "\u0980-\u09ff\u0b80-\u0bff\u1780-\u17ff"),
+    # Bengali, Tamil, Khmer; accents as combining marks (text in NFD)
+    (1.6, "\u0980-\u09ff\u0b80-\u0bff\u1780-\u17ff\u0300-\u036f"),
     # Syriac, Thaana (Dhivehi), N'Ko: a token per UTF-8 byte, as BPE merged few of them
     (2, "\u0700-\u07ff"),
     # Ethiopic (Amharic, Tigrinya): a syllable per character, about a token per byte;
     # so are the scripts of three UTF-8 bytes BPE hardly saw: Samaritan, Hangul's
     # conjoining jamo (Korean in NFD, as macOS file names have it), Cherokee, Canadian
     # syllabics, Tagalog, Balinese, Javanese, Tai scripts, Braille, Glagolitic, Coptic,
-    # Tifinagh, CJK radicals, Yi, Vai, Cham, Meetei Mayek, Arabic presentation forms
+    # Tifinagh, CJK radicals, Yi, Vai, Cham, Meetei Mayek, Latin ligatures (ﬁ, ﬂ) and
+    # Arabic presentation forms
     (
         3,
         "\u1200-\u139f\u2d80-\u2ddf\u0800-\u08ff\u1100-\u11ff\u13a0-\u177f"
         "\u18b0-\u1c7f\u1cc0-\u1cff\u2800-\u28ff\u2c00-\u2cff\u2d30-\u2d7f"
         "\u2e80-\u2fdf\ua000-\ua63f\ua6a0-\ua8df\ua900-\uabff\ud7b0-\ud7ff"
-        "\ufb50-\ufdff\ufe70-\ufefe",
+        "\ufb00-\ufb06\ufb50-\ufdff\ufe70-\ufefe",
     ),
 )
 _SCRIPTS = [(weight, re.compile(f"[{ranges}]+")) for weight, ranges in SCRIPT_WEIGHTS]
