@@ -399,6 +399,50 @@ def test_a_grown_turn_with_an_extractor_keeps_one_fuller_summary(
     assert memory.collection.get(ids=[row.id], include=["documents"])["documents"] == [row.text]
 
 
+#: A turn that grows into what a stored memory says: (the extractor's answer, the
+#: messages added) per call, each drained. Its first end's memory stays in the catalog
+#: (it still lists that end); its vector was dropped as if the turn had been merged away.
+GROWN_INTO_A_STORED_MEMORY = {
+    "its own summary, unchanged": [
+        ("The user moved to Berlin.", [HumanMessage("I moved to Berlin."), AIMessage("Welcome!")]),
+        ("The user moved to Berlin.", [AIMessage("Enjoy the city!")]),
+    ],
+    "another turn's summary": [
+        ("The user likes tea.", [HumanMessage("I like tea."), AIMessage("Nice.")]),
+        ("The user likes coffee.", [HumanMessage("I like coffee."), AIMessage("Ok.")]),
+        ("The user likes tea.", [AIMessage("Or was it tea?")]),
+    ],
+    "another raw turn's text": [
+        (None, [HumanMessage("hi"), AIMessage("hello"), AIMessage("bye")]),
+        (None, [HumanMessage("hi"), AIMessage("hello")]),
+        (None, [AIMessage("bye")]),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "calls", list(GROWN_INTO_A_STORED_MEMORY.values()), ids=list(GROWN_INTO_A_STORED_MEMORY)
+)
+def test_a_turn_grown_into_a_stored_memory_keeps_every_memory_searchable(
+    make_memory: MakeMemory, backup: MySQLBackup, calls: list[tuple[str | None, Any]]
+) -> None:
+    extractor = FakeExtractor()
+    memory = make_memory(extractor=extractor if calls[0][0] else None)
+    chat = history(backup, memory, "grown")
+    for answer, messages in calls:
+        extractor.answer = answer
+        chat.add_messages(messages)
+        memory.run_pending()
+    rows = catalog(backup, "grown")
+    stored = memory.collection.get(include=["documents"])
+    assert dict(zip(stored["ids"], stored["documents"], strict=True)) == {
+        row.id: row.text for row in rows
+    }
+    for row in rows:  # each memory is Chroma's nearest to its own text
+        vector = memory.embedding.embed_documents([row.text])
+        assert memory.collection.query(query_embeddings=vector, n_results=1)["ids"] == [[row.id]]
+
+
 def test_a_multilingual_e5_embedding_keeps_different_turns_apart(
     make_memory: MakeMemory, backup: MySQLBackup
 ) -> None:

@@ -699,7 +699,9 @@ class ExtractionWorker(QueueWorker):
         latest: dict[str, Memory] = {}
         for memory in fresh:  # a later job of a turn that grew supersedes an earlier one
             latest[memory.id] = memory
-        writes, provenance = self._dedupe(list(latest.values())) if latest else ([], {})
+        writes, provenance, rows = (
+            self._dedupe(list(latest.values())) if latest else ([], {}, set())
+        )
         indexed: list[str] = []
         try:
             if writes:
@@ -732,10 +734,11 @@ class ExtractionWorker(QueueWorker):
                 self._restore_vectors(indexed)
             raise
         try:
-            written = {m.id for m in writes}
             # A memory merged into another has no catalog row, and its job is gone with
             # our commit: a vector an earlier, interrupted run wrote for it is dropped.
-            self.vectors.delete([m.id for m in fresh if m.id not in written])
+            # Only then: a turn merged into its own stored memory (its summary did not
+            # change as it grew), or stored beside it, leaves that memory's row in place.
+            self.vectors.delete([m.id for m in fresh if m.id not in rows])
             if provenance:
                 self._refresh_provenance(list(provenance))
         except Exception as exc:
@@ -781,8 +784,11 @@ class ExtractionWorker(QueueWorker):
 
     def _dedupe(
         self, fresh: Sequence[Memory]
-    ) -> tuple[list[Memory], dict[str, tuple[set[int], set[int]]]]:
+    ) -> tuple[list[Memory], dict[str, tuple[set[int], set[int]]], set[str]]:
         """What the batch writes: memories to store, and provenance changes of stored ones.
+
+        Also the ids of every memory the catalog holds once the batch commits: the
+        stored ones it found (none is deleted) and those it writes.
 
         Only index lookups: the batch's turn ids and content hashes (its own, those
         of earlier versions, and those of its turns' earlier ends) against the catalog's
@@ -796,7 +802,7 @@ class ExtractionWorker(QueueWorker):
         batch = Batch(self.backup.run(self.catalog.known_plan(sessions, keys), read_only=True))
         for memory in fresh:
             batch.place(memory)
-        return list(batch.writes.values()), batch.provenance
+        return list(batch.writes.values()), batch.provenance, set(batch.entries)
 
     def _give_back(self, writes: Sequence[Memory], lost: set[int]) -> None:
         """Make Chroma agree with the catalog after a commit refused for ``lost`` jobs.
