@@ -27,7 +27,7 @@ from langchain_tiered_memory import EmbeddingDimensionError, KnowledgeBase, MySQ
 from langchain_tiered_memory.integrations import knowledge
 from langchain_tiered_memory.integrations.knowledge import KnowledgeRetriever
 from langchain_tiered_memory.text.embeddings import model_name
-from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory
+from langchain_tiered_memory.tiers.long_memory import ChromaLongMemory, digest
 
 from .conftest import chroma_settings
 from .fakes import HashEmbeddings, SaltedHashEmbeddings, WideHashEmbeddings
@@ -1085,3 +1085,64 @@ def test_a_process_killed_while_replacing_a_source_leaves_one_version_whole(
     assert shown(kb) == versions[left]
     kb.add_texts([words("new", 24)], [{"source": "manual"}])
     assert sorted(text for text, _ in all_chunks(kb).values()) == versions["new"]
+
+
+def store_as_an_earlier_version(
+    kb: KnowledgeBase, scratch: KnowledgeBase, text: str, metadata: dict[str, Any]
+) -> None:
+    """Store a sourceless text as the package did before chunks named their document:
+    ids by the text's key and position, metadata of the chunk's position and model
+    (the chunks as ``scratch``, of the same settings, splits it)."""
+    scratch.add_texts([text])
+    chunks = stored_texts(scratch)
+    scratch.collection.delete(ids=scratch.collection.get(include=[])["ids"])
+    key = f"text:{digest(text)}"
+    kb.collection.upsert(
+        ids=[digest(key, str(index))[:32] for index in range(len(chunks))],
+        embeddings=kb.embedding.embed_documents(chunks),
+        documents=chunks,
+        metadatas=[
+            {**metadata, "chunk": index, "embedding_model": model_name(kb.embedding)}
+            for index in range(len(chunks))
+        ],
+    )
+
+
+@pytest.mark.parametrize("metadata", [{}, {"lang": "en"}])
+@pytest.mark.parametrize(("before", "after"), [(60, 60), (60, 250), (250, 60)])
+@pytest.mark.parametrize("fail_at", [1, 2])
+def test_a_text_an_earlier_version_stored_is_shown_once_when_its_re_add_fails(
+    make_kb: MakeKB,
+    monkeypatch: pytest.MonkeyPatch,
+    metadata: dict[str, Any],
+    before: int,
+    after: int,
+    fail_at: int,
+) -> None:
+    """A text without a source stored by the previous version of the package (its chunks
+    name no document) is added again and the delete of its old chunks fails: searches
+    showed the old chunks beside the new version. Now the new version alone, and the
+    next add leaves only it; another such text is untouched."""
+    monkeypatch.setattr(knowledge, "PAGE", 2)
+    name = f"kb_{uuid.uuid4().hex[:12]}"
+    text, other = words("plain", 60), words("other", 30)
+    legacy = make_kb(collection_name=name, chunk_size=before, chunk_overlap=0)
+    scratch = make_kb(chunk_size=before, chunk_overlap=0)
+    store_as_an_earlier_version(legacy, scratch, text, metadata)
+    store_as_an_earlier_version(legacy, scratch, other, metadata)
+    others = sorted(t for t, _ in all_chunks(legacy).values() if t.startswith("other"))
+    alone = make_kb(chunk_size=after, chunk_overlap=0)
+    alone.add_texts([text], [metadata])
+    expected = sorted([*shown(alone), *others])
+
+    kb = make_kb(collection_name=name, chunk_size=after, chunk_overlap=0)
+    failing = _Fails(kb.collection, "delete", at=fail_at, on=True)
+    kb.collection = failing
+    with pytest.raises(ConnectionError, match="went away"):
+        kb.add_texts([text], [metadata])
+    kb.collection = failing._inner
+    assert shown(kb) == expected
+    assert all(doc.metadata.keys() == {*metadata, "chunk", "score"} for doc in kb.search("plain"))
+    kb.add_texts([text], [metadata])
+    assert shown(kb) == expected
+    assert sorted(t for t, _ in all_chunks(kb).values()) == expected

@@ -457,15 +457,31 @@ class KnowledgeBase:
                 raise refused from exc
             raise
 
-    def _by_position(self, document: _Document) -> list[str]:
-        """The chunks of a sourceless text an earlier version of the package stored by position."""
+    def _claim_by_position(self, document: _Document) -> list[str]:
+        """Name the document in the chunks an earlier version of the package stored by position.
+
+        Those chunks of a sourceless text name no document, so searches could not
+        tell them from another text's and showed them beside the new version until
+        they were deleted. Named (without a version), they show only until a version
+        of the text is committed, as an earlier version's chunks of a source do.
+
+        Returns:
+            Their ids.
+        """
         found: list[str] = []
         while True:
             page = [document.position_id(i) for i in range(len(found), len(found) + PAGE)]
-            stored = self.collection.get(ids=page, include=[])["ids"]
-            if not stored:
+            stored = self.collection.get(ids=page, include=["metadatas"])
+            if not stored["ids"]:
                 return found
-            found += stored
+            self.collection.update(
+                ids=stored["ids"],
+                metadatas=[
+                    {**(metadata or {}), DOCUMENT_KEY: document.key}
+                    for metadata in stored["metadatas"]
+                ],
+            )
+            found += stored["ids"]
 
     def _stored_at(self, keys: Sequence[str]) -> int:
         """When this write is stored: now, but after every stored version of ``keys``.
@@ -521,10 +537,11 @@ class KnowledgeBase:
             keys = [document.key for document in sourceless]
             for start in range(0, len(keys), PAGE):
                 old.update(self._chunks_where({DOCUMENT_KEY: {"$in": keys[start : start + PAGE]}}))
-            # Stored by position, they are in searches until deleted; never a first.
+            # Stored by position: named first, so the new version hides them once committed.
             old.update(
                 dict.fromkeys(
-                    (i for document in sourceless for i in self._by_position(document)), False
+                    (i for document in sourceless for i in self._claim_by_position(document)),
+                    False,
                 )
             )
             stored_at = self._stored_at([document.key for document in documents])
