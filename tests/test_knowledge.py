@@ -1146,3 +1146,51 @@ def test_a_text_an_earlier_version_stored_is_shown_once_when_its_re_add_fails(
     kb.add_texts([text], [metadata])
     assert shown(kb) == expected
     assert sorted(t for t, _ in all_chunks(kb).values()) == expected
+
+
+class _AfterUpsert:
+    """A collection that runs ``then`` once, after its first upsert."""
+
+    def __init__(self, inner: Any, then: Callable[[], Any]) -> None:
+        self._inner = inner
+        self._then: Callable[[], Any] | None = then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def upsert(self, **kwargs: Any) -> None:
+        self._inner.upsert(**kwargs)
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+
+
+@pytest.mark.parametrize("deleted", ["s0", "s1", "s3"])
+def test_a_delete_source_in_another_process_during_a_write_never_leaves_part_of_a_version(
+    make_kb: MakeKB, monkeypatch: pytest.MonkeyPatch, deleted: str
+) -> None:
+    """One add_texts writes new versions of four sources, more chunks than one upsert
+    holds; another process (no lock reaches it) deletes one source after the first
+    upsert. The chunks were batched with every version's first chunk at the end, so the
+    delete took the stored part of a version whose first chunk came after: searches
+    showed that first chunk alone. Now each version is stored by one upsert when it fits
+    one: the deleted source shows its new version whole or nothing, the others whole."""
+    monkeypatch.setattr(knowledge, "UPSERT_BATCH", 8)
+    monkeypatch.setattr(KnowledgeBase, "_writing", lambda self, sources: contextlib.nullcontext())
+    sources = [f"s{n}" for n in range(4)]
+    writer = make_kb(chunk_size=20, chunk_overlap=0)
+    other = make_kb(chunk_size=20, chunk_overlap=0, collection_name=writer.collection.name)
+    writer.add_texts([words(f"old{n}", 8) for n in range(4)], [{"source": s} for s in sources])
+    new = [words(f"new{n}", 10) for n in range(4)]
+    alone = make_kb(chunk_size=20, chunk_overlap=0)
+    alone.add_texts(new, [{"source": s} for s in sources])
+
+    def of(kb: KnowledgeBase, source: str) -> list[str]:
+        return sorted(d.page_content for d in kb.search("new", k=500, where={"source": source}))
+
+    assert all(len(of(alone, source)) == 5 for source in sources)
+    writer.collection = _AfterUpsert(writer.collection, lambda: other.delete_source(deleted))
+    writer.add_texts(new, [{"source": s} for s in sources])
+    for source in sources:
+        shown_now = of(other, source)
+        assert shown_now == of(alone, source) or (source == deleted and shown_now == [])

@@ -419,8 +419,12 @@ class KnowledgeBase:
         chunks: list[str],
         vectors: list[list[float]],
         metadatas: list[dict[str, Any]],
+        batches: Sequence[slice] | None = None,
     ) -> None:
         """Upsert in batches; if one fails, delete the chunks this call created and raise.
+
+        ``batches``: the slices of the lists to upsert each at once (default: of
+        :data:`UPSERT_BATCH` chunks).
 
         Chroma has no transactions, so a failure after some batches were stored
         is undone by hand: what existed before is kept (a source's old version,
@@ -431,8 +435,9 @@ class KnowledgeBase:
         """
         created: list[str] = []
         try:
-            for start in range(0, len(ids), UPSERT_BATCH):
-                batch = slice(start, start + UPSERT_BATCH)
+            if batches is None:
+                batches = [slice(at, at + UPSERT_BATCH) for at in range(0, len(ids), UPSERT_BATCH)]
+            for batch in batches:
                 existing = set(collection.get(ids=ids[batch], include=[])["ids"])
                 created += [chunk_id for chunk_id in ids[batch] if chunk_id not in existing]
                 collection.upsert(
@@ -512,20 +517,28 @@ class KnowledgeBase:
         ids: list[str] = []
         chunks: list[str] = []
         metadatas: list[dict[str, Any]] = []
-        firsts: list[tuple[str, str, dict[str, Any]]] = []
+        firsts: list[int] = []  # where each version's first chunk is, its last
+        batches: list[slice] = []
         for document in documents:
             document_ids, stored = document.stored(model)
-            for chunk_id, chunk, metadata in zip(
-                document_ids, document.chunks, stored, strict=True
-            ):
-                if _is_first(metadata):
-                    firsts.append((chunk_id, chunk, metadata))
-                else:
-                    ids.append(chunk_id)
-                    chunks.append(chunk)
-                    metadatas.append(metadata)
+            # Each version by one upsert when it fits one: a delete_source in another
+            # process (no lock reaches it) sees all of it or none, never a stored part
+            # that its first chunk, stored after the delete, would commit.
+            if not batches or len(ids) + len(document_ids) - batches[-1].start > UPSERT_BATCH:
+                batches.append(slice(len(ids), len(ids)))
+            order = sorted(range(len(document_ids)), key=lambda i: _is_first(stored[i]))
+            for index in order:
+                if _is_first(stored[index]):
+                    firsts.append(len(ids))
+                ids.append(document_ids[index])
+                chunks.append(document.chunks[index])
+                metadatas.append(stored[index])
+            while len(ids) - batches[-1].start > UPSERT_BATCH:  # a version of many batches
+                batches[-1] = slice(batches[-1].start, batches[-1].start + UPSERT_BATCH)
+                batches.append(slice(batches[-1].stop, batches[-1].stop))
+            batches[-1] = slice(batches[-1].start, len(ids))
         # Embedded before the first write: an embedding error (a 429...) stores nothing.
-        vectors = self._embed([*chunks, *(chunk for _, chunk, _ in firsts)])
+        vectors = self._embed(chunks)
         sources = [document.source for document in documents if document.source is not None]
         sourceless = [document for document in documents if document.source is None]
         with self._writing(sources):
@@ -545,11 +558,10 @@ class KnowledgeBase:
                 )
             )
             stored_at = self._stored_at([document.key for document in documents])
-            for chunk_id, chunk, metadata in firsts:  # last: each one commits its version
-                ids.append(chunk_id)
-                chunks.append(chunk)
-                metadatas.append({**metadata, STORED_AT_KEY: stored_at})
-            self._store(self.collection, ids, chunks, vectors, metadatas)
+            for at in firsts:  # each its version's last: storing it commits the version
+                metadatas[at] = {**metadatas[at], STORED_AT_KEY: stored_at}
+            batches = [batch for batch in batches if batch.stop > batch.start]
+            self._store(self.collection, ids, chunks, vectors, metadatas, batches)
             new = set(ids)
             self._delete_chunks({i: first for i, first in old.items() if i not in new})
         return ids
