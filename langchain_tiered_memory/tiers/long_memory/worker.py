@@ -699,7 +699,7 @@ class ExtractionWorker(QueueWorker):
         latest: dict[str, Memory] = {}
         for memory in fresh:  # a later job of a turn that grew supersedes an earlier one
             latest[memory.id] = memory
-        writes, provenance, rows = (
+        writes, provenance, kept = (
             self._dedupe(list(latest.values())) if latest else ([], {}, set())
         )
         indexed: list[str] = []
@@ -738,7 +738,7 @@ class ExtractionWorker(QueueWorker):
             # our commit: a vector an earlier, interrupted run wrote for it is dropped.
             # Only then: a turn merged into its own stored memory (its summary did not
             # change as it grew), or stored beside it, leaves that memory's row in place.
-            self.vectors.delete([m.id for m in fresh if m.id not in rows])
+            self.vectors.delete([m.id for m in fresh if m.id not in kept])
             if provenance:
                 self._refresh_provenance(list(provenance))
         except Exception as exc:
