@@ -494,16 +494,25 @@ class KnowledgeBase:
         What orders two versions of a document in searches; never before a stored
         one, so a clock set back does not hide the new version behind the old.
         """
-        latest = 0
-        for start in range(0, len(keys), PAGE):
-            where = {
-                "$and": [{DOCUMENT_KEY: {"$in": list(keys[start : start + PAGE])}}, {"chunk": 0}]
-            }
-            for metadata in self.collection.get(where=where, include=["metadatas"])["metadatas"]:
-                at = (metadata or {}).get(STORED_AT_KEY)
-                if isinstance(at, int) and not isinstance(at, bool):
-                    latest = max(latest, at)
+        latest = max((at for _, at, _ in self._commits(keys)), default=0)
         return max(time.time_ns(), latest + 1)
+
+    def _commits(self, keys: Iterable[str]) -> list[tuple[str, int, str]]:
+        """The stored versions of the documents of ``keys``: (document, when stored, version).
+
+        Read from each version's first chunk, stored last with its time: the record
+        that commits the version.
+        """
+        ordered = sorted(set(keys))
+        found: list[tuple[str, int, str]] = []
+        for start in range(0, len(ordered), PAGE):
+            where = {"$and": [{DOCUMENT_KEY: {"$in": ordered[start : start + PAGE]}}, {"chunk": 0}]}
+            for metadata in self.collection.get(where=where, include=["metadatas"])["metadatas"]:
+                key, version = (metadata or {}).get(DOCUMENT_KEY), (metadata or {}).get(VERSION_KEY)
+                at = (metadata or {}).get(STORED_AT_KEY)
+                if isinstance(key, str) and isinstance(version, str) and type(at) is int:
+                    found.append((key, at, version))
+        return found
 
     def _write(self, documents: Sequence[_Document]) -> list[str]:
         """Store documents, each replacing its old chunks; the ids of the chunks.
@@ -940,14 +949,8 @@ class KnowledgeBase:
         version of the package stored (which name no version) show then.
         """
         latest: dict[str, tuple[int, str]] = {}
-        ordered = sorted(keys)
-        for start in range(0, len(ordered), PAGE):
-            where = {"$and": [{DOCUMENT_KEY: {"$in": ordered[start : start + PAGE]}}, {"chunk": 0}]}
-            for metadata in self.collection.get(where=where, include=["metadatas"])["metadatas"]:
-                key, version = (metadata or {}).get(DOCUMENT_KEY), (metadata or {}).get(VERSION_KEY)
-                at = (metadata or {}).get(STORED_AT_KEY)
-                if isinstance(key, str) and isinstance(version, str) and isinstance(at, int):
-                    latest[key] = max(latest.get(key, (at, version)), (at, version))
+        for key, at, version in self._commits(keys):
+            latest[key] = max(latest.get(key, (at, version)), (at, version))
         return {key: version for key, (_, version) in latest.items()}
 
     def _stored_size(self, refusal: Exception | None = None) -> int | None:
